@@ -1,0 +1,169 @@
+"""Everything Horovod, in one module: the rest of the project never imports horovod.
+
+The trainer asks this module to start workers, wrap its optimizer, broadcast the initial state and
+combine metrics; the model knows nothing of distribution. Run as a script, it is the self-test that
+the doctor and the tests launch under horovodrun:
+
+    horovodrun -np 2 --gloo python -m hvd_ctsm.distributed selftest
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from contextlib import contextmanager
+
+import torch
+
+_hvd = None  # horovod.torch once init() ran
+
+
+def _horovod():
+    global _hvd
+    if _hvd is None:
+        import horovod.torch as hvd
+
+        _hvd = hvd
+    return _hvd
+
+
+def build_info() -> dict:
+    """What this Horovod was built with (the facts `horovodrun --check-build` prints)."""
+    import horovod
+
+    hvd = _horovod()
+    return {
+        "version": horovod.__version__,
+        "pytorch": True,  # the import of horovod.torch above succeeded
+        "gloo": bool(hvd.gloo_built()),
+        "mpi": bool(hvd.mpi_built()),
+        "nccl": bool(hvd.nccl_built()),
+    }
+
+
+def set_horovod_knobs(fusion_threshold_mb: float | None, cycle_time_ms: float | None) -> None:
+    """Map our config onto Horovod's environment; must happen before init()."""
+    if fusion_threshold_mb is not None:
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * 1024 * 1024))
+    if cycle_time_ms is not None:
+        os.environ["HOROVOD_CYCLE_TIME"] = str(cycle_time_ms)
+
+
+def init(threads_per_rank: int | None = None) -> None:
+    """Start Horovod (size 1 when not launched by horovodrun) and share the cores between ranks."""
+    hvd = _horovod()
+    hvd.init()
+    if threads_per_rank is None:
+        threads_per_rank = max(1, (os.cpu_count() or 1) // hvd.local_size())
+    torch.set_num_threads(threads_per_rank)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(hvd.local_rank())
+
+
+def rank() -> int:
+    return _horovod().rank()
+
+
+def size() -> int:
+    return _horovod().size()
+
+
+def local_rank() -> int:
+    return _horovod().local_rank()
+
+
+def is_root() -> bool:
+    return rank() == 0
+
+
+def allreduce_sum(values: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    """Exact sum across ranks (float64 on the wire for counts and sums of metrics)."""
+    hvd = _horovod()
+    return hvd.allreduce(values.detach().to(torch.float64).cpu(), op=hvd.Sum, name=name)
+
+
+def allreduce_mean(metrics: dict[str, float]) -> dict[str, float]:
+    """Average scalar metrics over ranks, one allreduce for the lot."""
+    if not metrics:
+        return {}
+    keys = sorted(metrics)
+    summed = allreduce_sum(torch.tensor([float(metrics[k]) for k in keys]), name="metrics_mean")
+    return {k: float(v) / size() for k, v in zip(keys, summed.tolist(), strict=True)}
+
+
+def allgather_object(obj):
+    return _horovod().allgather_object(obj)
+
+
+def broadcast_object(obj, root_rank: int = 0):
+    return _horovod().broadcast_object(obj, root_rank=root_rank)
+
+
+def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Make every rank start from rank 0's parameters and optimizer state."""
+    hvd = _horovod()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+
+def distributed_optimizer(
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    compression: str = "none",
+    backward_passes_per_step: int = 1,
+    op: str = "average",
+    gradient_predivide_factor: float = 1.0,
+) -> torch.optim.Optimizer:
+    """Wrap the optimizer so that step() averages (or Adasum-combines) gradients across ranks."""
+    hvd = _horovod()
+    compressions = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+    ops = {"average": hvd.Average, "adasum": hvd.Adasum, "sum": hvd.Sum}
+    return hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=model.named_parameters(),
+        compression=compressions[compression],
+        backward_passes_per_step=backward_passes_per_step,
+        op=ops[op],
+        gradient_predivide_factor=gradient_predivide_factor,
+    )
+
+
+@contextmanager
+def skip_synchronize(optimizer):
+    """optimizer.step() without a second synchronize, after an explicit (timed) synchronize()."""
+    with optimizer.skip_synchronize():
+        yield
+
+
+def shutdown() -> None:
+    if _hvd is not None:
+        _hvd.shutdown()
+
+
+def parse_selftest(output: str) -> list[dict]:
+    """The SELFTEST reports in a launcher's output (mpirun may put two ranks on one line)."""
+    return [json.loads(m) for m in re.findall(r"SELFTEST (\{[^{}]*\})", output)]
+
+
+def _selftest() -> int:
+    """Allreduce rank-dependent tensors; every rank must hold the exact sum."""
+    init(threads_per_rank=1)
+    r, n = rank(), size()
+    t0 = time.perf_counter()
+    got = allreduce_sum(torch.arange(4, dtype=torch.float64) + 10 * r, name="selftest")
+    want = torch.arange(4, dtype=torch.float64) * n + 10 * sum(range(n))
+    ok = bool(torch.equal(got, want))
+    report = {"rank": r, "size": n, "sum": got.tolist(), "expected": want.tolist(), "ok": ok,
+              "seconds": round(time.perf_counter() - t0, 4), **build_info()}
+    print("SELFTEST " + json.dumps(report), flush=True)
+    shutdown()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["selftest"]:
+        sys.exit(_selftest())
+    sys.exit("usage: python -m hvd_ctsm.distributed selftest")

@@ -1,0 +1,283 @@
+"""Checks the stack this project needs, one line each, and says how to fix what is wrong.
+
+    python -m hvd_ctsm.doctor [--json] [--skip-slow]
+
+Exit code 1 when any check fails. HVD_CTSM_CONSTRAINTS points at another constraints file (the
+pins are read from constraints.txt beside the package by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Known causes, keyed by package, for a version that is off.
+VERSION_FIXES = {
+    "pyarrow": "pyarrow >= 11 breaks horovod.spark's TorchEstimator ('Schema' object has no "
+    "attribute 'to_arrow_schema', horovod#3829) and pyarrow >= 15 Petastorm's reader: "
+    "pip install pyarrow==10.0.1 (./run.sh setup does)",
+    "torch": "a newer torch needs Horovod rebuilt against it and often pulls CUDA packages: "
+    "pip install torch==<pin> then ./run.sh setup",
+    "horovod": "Horovod must be built from its sdist with the C++17 fix: ./run.sh setup",
+    "numpy": "pyarrow 10 is built against numpy 1.x: pip install 'numpy<2' (the pin)",
+    "pyspark": "Spark 4 needs a pyarrow that Petastorm and horovod.spark do not accept: "
+    "pip install pyspark==<pin>",
+}
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    cause: str = ""
+    fix: str = ""
+    seconds: float = 0.0
+    skipped: bool = False
+
+
+def constraints_path() -> Path:
+    return Path(os.environ.get("HVD_CTSM_CONSTRAINTS", REPO / "constraints.txt"))
+
+
+def read_pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s#;]+)", line.strip())
+        if match:
+            pins[match.group(1).lower()] = match.group(2)
+    return pins
+
+
+def installed_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_python() -> Check:
+    version = ".".join(map(str, sys.version_info[:3]))
+    ok = sys.version_info[:2] == (3, 11)
+    return Check("python", ok, version, cause="" if ok else "the stack is verified on 3.11 only",
+                 fix="" if ok else "create the venv with python3.11 (./run.sh setup)")
+
+
+def check_pins() -> Check:
+    path = constraints_path()
+    pins = read_pins(path)
+    wrong = []
+    for name, want in sorted(pins.items()):
+        have = installed_version(name)
+        # A local build tag (torch's "+cpu") is the same release.
+        if have is None or have.split("+")[0] != want.split("+")[0]:
+            wrong.append((name, want, have))
+    if not wrong:
+        return Check("package pins", True, f"{len(pins)} packages match {path.name}")
+    detail = ", ".join(f"{n} {have or 'missing'} (pin {want})" for n, want, have in wrong)
+    fixes = [VERSION_FIXES.get(n, "").replace("<pin>", w) for n, w, _ in wrong]
+    fix = "; ".join(f for f in fixes if f) or "./run.sh setup installs the pins"
+    return Check("package pins", False, detail, cause=f"installed versions differ from {path}",
+                 fix=fix)
+
+
+def check_dependency_conflicts() -> Check:
+    """`pip check`: only the one conflict we chose (petastorm's setuptools<70) may appear."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True,
+                          timeout=120)
+    problems = [line for line in proc.stdout.splitlines()
+                if line.strip() and "No broken requirements" not in line]
+    unknown = [line for line in problems if not re.search(r"petastorm .* setuptools<70", line)]
+    if unknown:
+        return Check("dependency conflicts", False, f"{len(unknown)} unexpected",
+                     cause="; ".join(unknown[:3]),
+                     fix="./run.sh setup reinstalls the pins of constraints.txt")
+    return Check("dependency conflicts", True, "only the known one: petastorm declares "
+                 "setuptools<70, torch >=77; we follow torch (petastorm never imports setuptools)")
+
+
+def check_horovod_build() -> Check:
+    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
+    try:
+        out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True,
+                             timeout=120).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("horovod build", False, "horovodrun did not run", cause=str(exc),
+                     fix="./run.sh setup (builds Horovod 0.28.1 with the C++17 fix)")
+    wanted = ["PyTorch", "MPI", "Gloo"]
+    missing = [w for w in wanted if not re.search(rf"\[X\] {w}\b", out)]
+    if missing:
+        return Check("horovod build", False, f"missing: {', '.join(missing)}",
+                     cause="Horovod was built without them (or the PyTorch extension failed: "
+                     "'C++17 or later compatible compiler is required')",
+                     fix="./run.sh setup rebuilds it with HOROVOD_WITH_PYTORCH/GLOO/MPI=1, "
+                     "CMAKE_CXX_STANDARD 17 and the system cmake 3.25 (cmake 4 rejects Gloo)")
+    return Check("horovod build", True, "PyTorch + MPI + Gloo (horovodrun --check-build)")
+
+
+def check_allreduce(transport: str = "gloo") -> Check:
+    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
+    cmd = [horovodrun, "-np", "2", f"--{transport}", sys.executable, "-m",
+           "hvd_ctsm.distributed", "selftest"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    except subprocess.TimeoutExpired:
+        return Check(f"allreduce ({transport}, 2 ranks)", False, "timed out after 180 s",
+                     cause="the ranks did not meet", fix="run `./run.sh doctor` again; check "
+                     "that nothing else holds the ports and that localhost resolves")
+    from hvd_ctsm.distributed import parse_selftest
+
+    reports = parse_selftest(proc.stdout)
+    ok = proc.returncode == 0 and len(reports) == 2 and all(r["ok"] for r in reports)
+    if ok:
+        return Check(f"allreduce ({transport}, 2 ranks)", True,
+                     f"exact sum on both ranks {reports[0]['sum']}")
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return Check(f"allreduce ({transport}, 2 ranks)", False, f"exit {proc.returncode}",
+                 cause=" | ".join(tail), fix="see the cause; `horovodrun --check-build` must "
+                 f"list {transport}; for MPI as root horovodrun adds --allow-run-as-root")
+
+
+def check_spark() -> Check:
+    java = shutil.which("java")
+    if java is None:
+        return Check("java + spark", False, "java not found", cause="Spark needs Java 17",
+                     fix="apt-get install openjdk-17-jre-headless (./run.sh setup does)")
+    from spark_jobs.session import get_spark
+
+    spark = get_spark(master="local[2]", app_name="hvd_ctsm-doctor")
+    count = spark.range(1000).selectExpr("sum(id) as s").first()["s"]
+    ok = count == 499500
+    return Check("java + spark", ok, f"Spark {spark.version}, local[2] sum ok" if ok else
+                 f"wrong sum {count}", fix="" if ok else "reinstall pyspark (./run.sh setup)")
+
+
+def check_petastorm() -> Check:
+    """Write a tiny Unischema dataset with Spark and read it back with make_reader."""
+    import numpy as np
+    from petastorm import make_reader
+    from petastorm.codecs import NdarrayCodec, ScalarCodec
+    from petastorm.etl.dataset_metadata import materialize_dataset
+    from petastorm.unischema import Unischema, UnischemaField, dict_to_spark_row
+    from pyspark.sql.types import IntegerType
+
+    from spark_jobs.session import get_spark
+
+    schema = Unischema("DoctorRow", [
+        UnischemaField("id", np.int32, (), ScalarCodec(IntegerType()), False),
+        UnischemaField("seq", np.float32, (None,), NdarrayCodec(), False),
+    ])
+    spark = get_spark(master="local[2]", app_name="hvd_ctsm-doctor")
+    with tempfile.TemporaryDirectory() as tmp:
+        url = Path(tmp, "ds").as_uri()
+        rows = [dict_to_spark_row(schema, {"id": i, "seq": np.arange(i, dtype=np.float32)})
+                for i in range(1, 9)]
+        with materialize_dataset(spark, url, schema, row_group_size_mb=1):
+            spark.createDataFrame(rows, schema.as_spark_schema()).coalesce(2) \
+                .write.mode("overwrite").parquet(url)
+        with make_reader(url, workers_count=1) as reader:
+            got = {int(r.id): r.seq.tolist() for r in reader}
+    ok = got == {i: list(map(float, range(i))) for i in range(1, 9)}
+    return Check("petastorm round trip", ok, "8 rows written and read back" if ok else
+                 f"read back {len(got)} rows, contents differ",
+                 fix="" if ok else "check pyarrow==10.0.1 and petastorm==0.13.1")
+
+
+def check_gpu() -> Check:
+    import torch
+
+    if not torch.cuda.is_available():
+        return Check("cuda + nccl", True, "no GPU here: skipped", skipped=True)
+    from hvd_ctsm.distributed import build_info
+
+    nccl = build_info()["nccl"]
+    return Check("cuda + nccl", nccl, f"{torch.cuda.get_device_name(0)}, NCCL built: {nccl}",
+                 fix="" if nccl else "rebuild with HOROVOD_GPU_OPERATIONS=NCCL ./run.sh setup")
+
+
+def run_check(fn, *args) -> Check:
+    t0 = time.perf_counter()
+    try:
+        result = fn(*args)
+    except Exception as exc:  # noqa: BLE001  a crashing check is a failed check, with its cause
+        name = " ".join([fn.__name__.removeprefix("check_").replace("_", " "), *map(str, args)])
+        result = Check(name, False, "raised an error", cause=f"{type(exc).__name__}: {exc}",
+                       fix="./run.sh setup reinstalls the stack")
+    result.seconds = round(time.perf_counter() - t0, 2)
+    return result
+
+
+def all_checks(skip_slow: bool) -> list:
+    fast = [(check_python,), (check_pins,), (check_dependency_conflicts,), (check_horovod_build,)]
+    slow = [(check_allreduce, "gloo"), (check_allreduce, "mpi"), (check_spark,),
+            (check_petastorm,)]
+    return fast + ([] if skip_slow else slow) + [(check_gpu,)]
+
+
+def format_line(check: Check) -> str:
+    status = "SKIP" if check.skipped else ("OK" if check.ok else "FAIL")
+    line = f"{status:<5}{check.name:<28}{check.detail}  ({check.seconds}s)"
+    if not check.ok:
+        line += f"\n     cause: {check.cause}\n     fix:   {check.fix}"
+    return line
+
+
+@contextmanager
+def stdout_to_stderr(enabled: bool):
+    """Point file descriptor 1 at stderr (child processes and the JVM included)."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.add_argument("--skip-slow", action="store_true",
+                        help="skip the checks that start processes (allreduce, Spark, Petastorm)")
+    args = parser.parse_args(argv)
+    checks = []
+    # With --json, stdout carries the JSON document alone: what Spark, the JVM or Petastorm print
+    # while the checks run goes to stderr.
+    with stdout_to_stderr(args.json):
+        for fn, *fn_args in all_checks(args.skip_slow):
+            checks.append(run_check(fn, *fn_args))
+            if not args.json:
+                print(format_line(checks[-1]), flush=True)
+    failed = [c.name for c in checks if not c.ok]
+    if args.json:
+        print(json.dumps({"ok": not failed, "checks": [asdict(c) for c in checks]}, indent=2))
+    else:
+        print("doctor: all checks passed" if not failed else f"doctor: FAILED: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def cli() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# hvd_ctsm: one entry point for every step. `./run.sh help` lists them.
+#
+# Knobs (environment): NP (Horovod ranks, default 2), CONFIG (trainer YAML preset),
+# VENV (default .venv), WORK (where demo writes, default runs/demo), DATA (events source).
+# Extra arguments are passed on to the step's program.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$REPO"
+export VENV=${VENV:-$REPO/.venv}
+NP=${NP:-2}
+WORK=${WORK:-$REPO/runs/demo}
+STAMP=$VENV/.hvd_ctsm-setup-stamp
+
+usage() {
+    cat <<'EOF'
+usage: ./run.sh STEP [args...]
+
+  setup      install the pinned stack into .venv (idempotent; Horovod wheel cached)
+  doctor     check the stack: versions, Horovod build, a real 2-rank allreduce, Spark, Petastorm
+  demo       the whole chain on synthetic data, on CPU: features -> train (NP ranks) -> backtest -> gate -> deploy
+  test       the test suite (what CI runs)
+  lint       ruff and isort
+  features   the Spark feature job         (python -m spark_jobs.build_features ...)
+  train      the trainer under horovodrun  (NP=2 ./run.sh train --data DIR ...)
+  backtest   offline evaluation + gate     (python -m hvd_ctsm.backtest ...)
+  deploy     copy a gated model into the registry (python -m hvd_ctsm.deploy ...)
+EOF
+}
+
+# A fingerprint of everything that decides what setup installs: rerun setup when it changes.
+setup_fingerprint() {
+    cat constraints.txt setup.cfg scripts/install_stack.sh | sha256sum | cut -d' ' -f1
+}
+
+setup() {
+    bash scripts/install_stack.sh
+    setup_fingerprint >"$STAMP"
+}
+
+ensure_setup() {
+    if [[ ! -f $STAMP || $(cat "$STAMP") != "$(setup_fingerprint)" ]]; then
+        echo "[run.sh] environment missing or stale: running setup first"
+        setup
+    fi
+}
+
+py() { "$VENV/bin/python" "$@"; }
+
+# Horovod launcher: Gloo on this one host; extra horovodrun flags via HOROVODRUN_ARGS.
+hvdrun() {
+    # shellcheck disable=SC2086
+    "$VENV/bin/horovodrun" -np "$NP" --gloo ${HOROVODRUN_ARGS:-} "$@"
+}
+
+demo() {
+    ensure_setup
+    local data=$WORK/features model=$WORK/model registry=$WORK/registry
+    local source=${DATA:-synthetic:clients=2000,items=500,events=120000,seed=7}
+    echo "[demo] 1/5 features: $source -> $data"
+    py -m spark_jobs.build_features --source "$source" --out "$data" --split leave-last-out \
+        --master "local[2]" --overwrite
+    echo "[demo] 2/5 train: horovodrun -np $NP (Gloo, CPU)"
+    hvdrun py -m hvd_ctsm.train --data "$data" --out "$model" ${CONFIG:+--config "$CONFIG"} "$@"
+    echo "[demo] 3/5 + 4/5 backtest and gate"
+    py -m hvd_ctsm.backtest --data "$data" --model "$model" --report "$model/backtest.json" \
+        --gate "${GATE:-ndcg@10>=0.05}"
+    echo "[demo] 5/5 deploy"
+    py -m hvd_ctsm.deploy --model "$model" --report "$model/backtest.json" --registry "$registry"
+}
+
+run_tests() {
+    ensure_setup
+    # Each Horovod rank and Spark would otherwise start one thread per core and fight.
+    OMP_NUM_THREADS=1 py -m pytest "$@"
+}
+
+main() {
+    local step=${1:-help}
+    shift || true
+    case $step in
+        setup) setup ;;
+        doctor) ensure_setup; py -m hvd_ctsm.doctor "$@" ;;
+        demo) demo "$@" ;;
+        test) run_tests "$@" ;;
+        lint) ensure_setup; py -m ruff check . && py -m isort --check-only --diff . ;;
+        features) ensure_setup; py -m spark_jobs.build_features "$@" ;;
+        train) ensure_setup; hvdrun py -m hvd_ctsm.train ${CONFIG:+--config "$CONFIG"} "$@" ;;
+        backtest) ensure_setup; py -m hvd_ctsm.backtest "$@" ;;
+        deploy) ensure_setup; py -m hvd_ctsm.deploy "$@" ;;
+        help | -h | --help) usage ;;
+        *) echo "unknown step: $step" >&2; usage >&2; exit 2 ;;
+    esac
+}
+
+main "$@"

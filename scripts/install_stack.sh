@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Installs the pinned stack: system packages, a Python 3.11 virtual environment, the pins of
+# constraints.txt, Horovod 0.28.1 built from its sdist with the C++17 fix, and this project.
+# Idempotent: each step checks first and skips what is already in place. The Docker images run
+# the same script, so there is one recipe.
+#
+# Knobs (environment):
+#   VENV               where the virtual environment goes (default: .venv in the repo)
+#   HVD_CTSM_CACHE     where the built Horovod wheel is cached (default: ~/.cache/hvd_ctsm)
+#   PYTHON             the interpreter that creates the venv (default: python3.11)
+#   SKIP_APT=1         do not touch system packages (containers that preinstalled them)
+#   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod's NCCL path (GPU machines; cached separately)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${VENV:-$REPO/.venv}
+CACHE=${HVD_CTSM_CACHE:-$HOME/.cache/hvd_ctsm}
+PYTHON=${PYTHON:-python3.11}
+CONSTRAINTS=$REPO/constraints.txt
+APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make openjdk-17-jre-headless procps)
+
+pin() { sed -n "s/^$1==//p" "$CONSTRAINTS"; }
+HOROVOD_VERSION=$(pin horovod)
+TORCH_VERSION=$(pin torch)
+
+step_name=""
+step_start=0
+step() {
+    step_name=$1
+    step_start=$(date +%s)
+    printf '[setup] %-44s ' "$step_name..."
+}
+done_step() { printf 'done (%ss)%s\n' "$(($(date +%s) - step_start))" "${1:+ $1}"; }
+fail() {
+    printf 'FAILED\n[setup] step "%s" failed: %s\n[setup] fix: %s\n' "$step_name" "$1" "$2" >&2
+    exit 1
+}
+
+install_system_packages() {
+    step "system packages (${APT_PACKAGES[*]})"
+    if [[ ${SKIP_APT:-0} == 1 ]]; then done_step "(skipped: SKIP_APT=1)"; return; fi
+    local missing=()
+    for p in "${APT_PACKAGES[@]}"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if ((${#missing[@]} == 0)); then done_step "(already installed)"; return; fi
+    local sudo=""
+    [[ $(id -u) != 0 ]] && sudo="sudo"
+    { $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q \
+        --no-install-recommends "${missing[@]}"; } >"$CACHE/apt.log" 2>&1 ||
+        fail "apt-get could not install ${missing[*]} (log: $CACHE/apt.log)" \
+            "run as root or with sudo, or install them yourself and rerun with SKIP_APT=1"
+    done_step "(installed ${missing[*]})"
+}
+
+create_venv() {
+    step "virtual environment ($VENV)"
+    if [[ -x $VENV/bin/python ]] && "$VENV/bin/python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
+        done_step "(exists)"; return
+    fi
+    command -v "$PYTHON" >/dev/null ||
+        fail "$PYTHON not found" "install Python 3.11 or point PYTHON= at a 3.11 interpreter"
+    "$PYTHON" -m venv "$VENV" || fail "could not create the venv" "install python3.11-venv"
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+    done_step
+}
+
+pip_install() { "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" "$@"; }
+
+install_pinned_stack() {
+    step "pinned Python packages (constraints.txt)"
+    # torch first and alone: with it present, nothing later can pull a CUDA build.
+    pip_install "torch==$TORCH_VERSION" >"$CACHE/pip.log" 2>&1 ||
+        fail "torch==$TORCH_VERSION did not install (log: $CACHE/pip.log)" \
+            "point PIP_EXTRA_INDEX_URL at PyTorch's CPU wheel index, or preinstall that torch"
+    local names
+    names=$(grep -E '^[A-Za-z0-9_.-]+==' "$CONSTRAINTS" | cut -d= -f1 | grep -vxE 'torch|horovod|petastorm')
+    # shellcheck disable=SC2086
+    pip_install $names >>"$CACHE/pip.log" 2>&1 ||
+        fail "pip could not install the pins (log: $CACHE/pip.log)" \
+            "read the log's last lines; a pin that no longer exists must be changed in constraints.txt"
+    # --no-deps: petastorm's setuptools<70 clashes with torch's >=77 (see constraints.txt).
+    pip_install --no-deps "petastorm==$(pin petastorm)" >>"$CACHE/pip.log" 2>&1 ||
+        fail "petastorm did not install (log: $CACHE/pip.log)" "check the petastorm pin"
+    done_step
+}
+
+horovod_wheel_dir() {
+    local ops=${HOROVOD_GPU_OPERATIONS:-cpu}
+    echo "$CACHE/wheels/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-py311-${ops,,}"
+}
+
+build_horovod_wheel() {
+    local out=$1 work
+    work=$(mktemp -d)
+    "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: -d "$work" \
+        "horovod==$HOROVOD_VERSION" >"$CACHE/horovod-build.log" 2>&1 ||
+        fail "could not download the horovod $HOROVOD_VERSION sdist" "check the package index is reachable"
+    tar -xzf "$work"/horovod-*.tar.gz -C "$work"
+    local src=$work/horovod-$HOROVOD_VERSION
+    # PyTorch >= 2.1 headers need C++17; 0.28.1 asks for C++14 (fixed upstream after the release).
+    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
+        "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+    grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" ||
+        fail "the C++17 patch did not apply" "the sdist layout changed; patch CMAKE_CXX_STANDARD by hand"
+    # cmake 4 (from PyPI) refuses the bundled Gloo's old minimum version; allow it if present.
+    export CMAKE_POLICY_VERSION_MINIMUM=3.5
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+        HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MAKEFLAGS="-j$(nproc)" \
+        "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps -w "$work/dist" "$src" \
+        >>"$CACHE/horovod-build.log" 2>&1 ||
+        fail "Horovod did not compile (log: $CACHE/horovod-build.log)" \
+            "'C++17 or later' means the patch is missing; 'CMake < 3.5' means use the system cmake 3.25; 'mpi.h' means install libopenmpi-dev"
+    mkdir -p "$out"
+    mv "$work"/dist/horovod-*.whl "$out/"
+    rm -rf "$work"
+}
+
+install_horovod() {
+    step "horovod $HOROVOD_VERSION (C++17 build, cached wheel)"
+    local dir note="(from cache)"
+    dir=$(horovod_wheel_dir)
+    if "$VENV/bin/python" -c "import horovod.torch, horovod; assert horovod.__version__ == '$HOROVOD_VERSION'" 2>/dev/null; then
+        done_step "(installed)"; return
+    fi
+    if ! ls "$dir"/horovod-*.whl >/dev/null 2>&1; then
+        printf '\n[setup]   building from source once (about 7 minutes on 2 cores)... '
+        build_horovod_wheel "$dir"
+        note="(built, cached in $dir)"
+    fi
+    "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$dir"/horovod-*.whl \
+        >>"$CACHE/pip.log" 2>&1 || fail "the cached wheel did not install" "delete $dir and rerun setup"
+    done_step "$note"
+}
+
+install_project() {
+    step "this project (pip install -e .)"
+    "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$REPO" \
+        >>"$CACHE/pip.log" 2>&1 || fail "pip install -e . failed (log: $CACHE/pip.log)" "check setup.cfg"
+    done_step
+}
+
+main() {
+    mkdir -p "$CACHE"
+    local t0
+    t0=$(date +%s)
+    install_system_packages
+    create_venv
+    install_pinned_stack
+    install_horovod
+    install_project
+    echo "[setup] ready in $(($(date +%s) - t0))s: $VENV (activate with: source $VENV/bin/activate)"
+}
+
+main "$@"

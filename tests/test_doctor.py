@@ -1,0 +1,41 @@
+"""The doctor: every check passes on this machine; a broken pin fails with its fix."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hvd_ctsm import doctor
+
+
+@pytest.mark.horovod
+@pytest.mark.spark
+def test_every_check_passes_here():
+    proc = subprocess.run([sys.executable, "-m", "hvd_ctsm.doctor", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    report = json.loads(proc.stdout)
+    failed = [c for c in report["checks"] if not c["ok"]]
+    assert proc.returncode == 0 and not failed, failed
+    names = {c["name"] for c in report["checks"]}
+    assert {"package pins", "horovod build", "allreduce (gloo, 2 ranks)",
+            "allreduce (mpi, 2 ranks)", "java + spark", "petastorm round trip"} <= names
+
+
+def test_a_bad_pin_fails_with_the_fix(tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "constraints.txt"
+    bad.write_text("pyarrow==15.0.0\nnumpy==1.26.4\n")
+    monkeypatch.setenv("HVD_CTSM_CONSTRAINTS", str(bad))
+    code = doctor.main(["--skip-slow"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "FAIL package pins" in out
+    assert "pyarrow 10.0.1 (pin 15.0.0)" in out
+    assert "fix:" in out and "horovod#3829" in out
+    assert "doctor: FAILED: package pins" in out
+
+
+def test_pins_are_read_from_the_constraints_file(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("# comment\ntorch==2.13.0  # why\nPyYAML==6.0.3\n\nnot-a-pin>=1\n")
+    assert doctor.read_pins(path) == {"torch": "2.13.0", "pyyaml": "6.0.3"}
