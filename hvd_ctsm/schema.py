@@ -1,0 +1,70 @@
+"""The contract between the Spark feature job and the trainer: one Petastorm Unischema.
+
+One row is one example: a window of at most `max_len` consecutive events of one client (the
+history, oldest first) and the targets predicted from it. Each target names the history position
+whose state predicts it (`target_pos`); every history event at or before that position is strictly
+earlier in time than the target (ties in time are resolved by pointing at an earlier position), so
+a model with a causal mask can never see the future of a target.
+
+- training rows: a client's history cut into windows; every event of the training period whose
+  predecessor state is in the window is a target (the model is trained at every position).
+- validation / test rows: one per client, the history before the client's target event, one target,
+  plus the items needed to rank fairly: `prior_items` (seen before the target, masked in full
+  ranking) and `client_items` (ever seen, excluded from sampled negatives).
+
+Bump SCHEMA_VERSION on any change; the trainer refuses a dataset of another version.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+# Event types, fixed so a model trained on one dataset reads another. 0 is padding.
+EVENT_TYPES = ("purchase", "rating", "view", "profile")
+EVENT_TYPE_INDEX = {name: i + 1 for i, name in enumerate(EVENT_TYPES)}
+PAD = 0
+
+SPLITS = ("train", "validation", "test")
+
+
+def make_schema():
+    """Build the Unischema (imported lazily: petastorm pulls in pyspark and pyarrow)."""
+    from petastorm.codecs import NdarrayCodec, ScalarCodec
+    from petastorm.unischema import Unischema, UnischemaField
+    from pyspark.sql.types import IntegerType, StringType
+
+    def seq(name, dtype, shape=(None,)):
+        return UnischemaField(name, dtype, shape, NdarrayCodec(), False)
+
+    return Unischema(
+        "CtsmExample",
+        [
+            UnischemaField("client_id", np.str_, (), ScalarCodec(StringType()), False),
+            UnischemaField("history_len", np.int32, (), ScalarCodec(IntegerType()), False),
+            # History, oldest first; all arrays have history_len entries.
+            seq("item", np.int32),  # item index (vocabulary), >= 1
+            seq("event_type", np.int32),  # EVENT_TYPE_INDEX
+            seq("value", np.float32),  # e.g. the rating; 0 when the event has none
+            seq("timestamp", np.int64),  # unix seconds
+            seq("log_gap", np.float32),  # log1p(hours since the previous event), 0 for the first
+            seq("client_attrs", np.int32, (None, None)),  # [history_len, n_attrs] as of each event
+            # Targets; all arrays have the same length (>= 1).
+            seq("target_pos", np.int32),  # history position whose state predicts the target
+            seq("target_item", np.int32),
+            seq("target_label", np.float32),  # the p(sale) label (e.g. purchase, rating >= 4)
+            seq("target_time", np.int64),
+            seq("target_log_dt", np.float32),  # log1p(hours from target_pos's event to target)
+            # Evaluation rows only (empty in training rows).
+            seq("prior_items", np.int32),
+            seq("client_items", np.int32),
+        ],
+    )
+
+
+def log_hours(seconds):
+    """The time feature used throughout: log1p of a duration in hours (negative clipped to 0)."""
+    return np.log1p(np.maximum(np.asarray(seconds, dtype=np.float64), 0.0) / 3600.0).astype(
+        np.float32
+    )
