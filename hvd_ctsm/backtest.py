@@ -1,0 +1,140 @@
+"""Backtest a trained model on held-out time, against popularity, and apply the deploy gate.
+
+    python -m hvd_ctsm.backtest --data DIR --model RUN --report RUN/backtest.json \
+        --gate 'ndcg@10>=0.05' [--champion registry/current/backtest.json --tolerance 0.005]
+
+Exit code 0 when the gate passes (or none is set), 1 when it refuses: a pipeline stops there.
+Gate metrics name the full-ranking protocol by default (`ndcg@10`, `hr@10`, `mrr`); prefix with
+`sampled.` or `sale.` for the others (`sampled.hr@10>=0.5`, `sale.auc>=0.6`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import operator
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hvd_ctsm.checkpoint import atomic_write_bytes, load_state
+from hvd_ctsm.data import eval_batches, read_metadata, split_url
+from hvd_ctsm.evaluate import Popularity, evaluate, model_scorer
+from hvd_ctsm.model import CTSM, ModelSizes
+
+OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+GATE = re.compile(r"^\s*([a-z_]+\.)?([a-z_]+(?:@\d+)?)\s*(>=|<=|>|<)\s*([0-9.eE+-]+)\s*$")
+
+
+def model_file(path: str | Path) -> Path:
+    path = Path(path)
+    return path / "model.pt" if path.is_dir() else path
+
+
+def load_model(path: str | Path) -> tuple[CTSM, dict]:
+    state = load_state(model_file(path))
+    cfg = state["config"]["model"]
+    model = CTSM(ModelSizes(**state["sizes"]), dim=cfg["dim"], layers=cfg["layers"],
+                 heads=cfg["heads"], dropout=cfg["dropout"], loss=cfg["loss"],
+                 negatives=cfg["negatives"], head_names=tuple(cfg["head_weights"]))
+    model.load_state_dict(state["model"])
+    return model.eval(), state
+
+
+def parse_gate(text: str) -> list[tuple[str, str, str, float]]:
+    rules = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        match = GATE.match(part)
+        if not match:
+            raise ValueError(f"gate {part!r}: expected e.g. 'ndcg@10>=0.05' or 'sampled.hr@10>0.5'")
+        protocol = (match.group(1) or "full.").rstrip(".")
+        if protocol not in ("full", "sampled", "sale"):
+            raise ValueError(f"gate {part!r}: protocol must be full, sampled or sale")
+        rules.append((protocol, match.group(2), match.group(3), float(match.group(4))))
+    return rules
+
+
+def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) -> dict:
+    checks = []
+    for protocol, name, op, threshold in rules:
+        value = metrics.get(protocol, {}).get(name)
+        if value is None:
+            raise ValueError(f"gate: no metric {protocol}.{name} in the report")
+        checks.append({"rule": f"{protocol}.{name}{op}{threshold}", "value": value,
+                       "passed": bool(OPS[op](value, threshold))})
+    if champion is not None:
+        theirs = champion["model"]["full"]["ndcg@10"]
+        ours = metrics["full"]["ndcg@10"]
+        checks.append({"rule": f"full.ndcg@10 >= champion {theirs:.5f} - {tolerance}",
+                       "value": ours, "passed": bool(ours >= theirs - tolerance)})
+    return {"passed": all(c["passed"] for c in checks), "checks": checks}
+
+
+def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0) -> dict:
+    t0 = time.perf_counter()
+    meta = read_metadata(data)
+    model, state = load_model(model_path)
+    if state.get("vocab_sha256") != meta.get("vocab_sha256", ""):
+        raise ValueError(f"{model_path} was trained on another vocabulary than {data}")
+    num_items, max_len = int(meta["vocab"]["items"]), int(meta["max_len"])
+    url = split_url(data, split)
+    ours = evaluate(eval_batches(url, 0, 1, 256, max_len), model_scorer(model, torch.device("cpu")),
+                    num_items, seed=seed)
+    popularity = Popularity.fit(eval_batches(split_url(data, "train"), 0, 1, 256, max_len),
+                                num_items)
+    baseline = evaluate(eval_batches(url, 0, 1, 256, max_len), popularity.scorer(), num_items,
+                        seed=seed)
+    return {"split": split, "data": str(data), "model_path": str(model_file(model_path)),
+            "model_sha256": hashlib.sha256(model_file(model_path).read_bytes()).hexdigest(),
+            "model": ours.summary(), "popularity": baseline.summary(),
+            "protocol": {"full": "all items, the client's earlier items removed",
+                         "sampled": "target + 100 uniformly sampled items the client never had"},
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def print_table(report: dict) -> None:
+    print(f"{'':14}{'NDCG@10':>10}{'HR@10':>10}{'MRR':>10}  (full) |{'NDCG@10':>10}{'HR@10':>10}"
+          "  (sampled 100) |      AUC")
+    for name in ("model", "popularity"):
+        m = report[name]
+        sale = m.get("sale", {}).get("auc", float("nan"))
+        print(f"{name:<14}{m['full']['ndcg@10']:>10.4f}{m['full']['hr@10']:>10.4f}"
+              f"{m['full']['mrr']:>10.4f}         |{m['sampled']['ndcg@10']:>10.4f}"
+              f"{m['sampled']['hr@10']:>10.4f}                |{sale:>9.4f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hvd_ctsm.backtest", description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="feature job output folder")
+    p.add_argument("--model", required=True, help="run folder or model.pt")
+    p.add_argument("--report", required=True, help="where the JSON report goes")
+    p.add_argument("--split", default="test", choices=["test", "validation"])
+    p.add_argument("--gate", default="", help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'")
+    p.add_argument("--champion", help="report of the deployed model: do not be worse than it")
+    p.add_argument("--tolerance", type=float, default=0.005, help="allowed NDCG@10 drop")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled negatives")
+    args = p.parse_args(argv)
+    rules = parse_gate(args.gate)  # a malformed gate fails before the slow part
+    report = run_backtest(args.data, args.model, args.split, args.seed)
+    champion = json.loads(Path(args.champion).read_text()) if args.champion else None
+    report["gate"] = apply_gate(report["model"], rules, champion, args.tolerance) \
+        if (rules or champion) else {"passed": None, "checks": []}
+    atomic_write_bytes(Path(args.report), json.dumps(report, indent=2).encode())
+    print_table(report)
+    for check in report["gate"]["checks"]:
+        print(f"gate {'PASS' if check['passed'] else 'FAIL'}: {check['rule']} "
+              f"(value {check['value']:.5f})")
+    print(f"report: {args.report}")
+    return 1 if report["gate"]["passed"] is False else 0
+
+
+def cli() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,223 @@
+"""Typed training configuration: dataclasses, YAML presets and `section.field=value` overrides.
+
+    cfg = load_config("hvd_ctsm/presets/ml100k.yaml", ["optim.lr=0.002", "epochs=30"])
+
+Every field has a docstring; __post_init__ validates, so a bad value stops the run before any
+worker starts. The resolved config is saved beside each run (config.yaml).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+PRESETS = Path(__file__).parent / "presets"
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(f"config: {message}")
+
+
+def _one_of(name: str, value, allowed) -> None:
+    _check(value in allowed, f"{name}={value!r} is not one of {sorted(allowed)}")
+
+
+@dataclass
+class DataConfig:
+    path: str = ""
+    """Folder written by the feature job (train/, validation/, test/, metadata.json)."""
+    batch_size: int = 128
+    """Rows (client windows) per rank per micro-step."""
+    prefetch_batches: int = 2
+    """Batches read and collated ahead in a background thread (0: read inline)."""
+    shuffle_buffer: int = 1024
+    """Rows held for in-memory shuffling; row groups are shuffled too. 0 disables row shuffling."""
+
+    def __post_init__(self):
+        _check(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
+        _check(self.prefetch_batches >= 0, "data.prefetch_batches must be >= 0")
+        _check(self.shuffle_buffer >= 0, "data.shuffle_buffer must be >= 0")
+
+
+@dataclass
+class ModelConfig:
+    dim: int = 64
+    """Width of embeddings and client states."""
+    layers: int = 2
+    """Causal attention blocks."""
+    heads: int = 2
+    """Attention heads per block (must divide dim)."""
+    dropout: float = 0.2
+    """Dropout on embeddings, attention and feed-forward outputs."""
+    loss: str = "full"
+    """Next-item loss: 'full' softmax, 'sampled' softmax or 'bce' with sampled negatives."""
+    negatives: int = 100
+    """Sampled negatives per target for the 'sampled' and 'bce' losses."""
+    head_weights: dict[str, float] = field(default_factory=lambda: {"next_item": 1.0, "sale": 0.1})
+    """Loss weight per head; the heads trained are the keys ('next_item', 'sale')."""
+
+    def __post_init__(self):
+        _check(self.dim >= 1 and self.layers >= 1 and self.heads >= 1, "model sizes must be >= 1")
+        _check(self.dim % self.heads == 0, f"model.dim {self.dim} not divisible by {self.heads}")
+        _check(0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1), got {self.dropout}")
+        _one_of("model.loss", self.loss, {"full", "sampled", "bce"})
+        _check(self.negatives >= 1, "model.negatives must be >= 1")
+        _check("next_item" in self.head_weights, "model.head_weights needs 'next_item'")
+        for name, weight in self.head_weights.items():
+            _one_of("model.head_weights key", name, {"next_item", "sale"})
+            _check(weight >= 0, f"model.head_weights[{name}] must be >= 0")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    """Learning rate for an effective batch of `base_batch_size` rows."""
+    base_batch_size: int = 128
+    """The effective batch `lr` was tuned for; the scaling rule starts from it."""
+    lr_scaling: str = "sqrt"
+    """How lr grows with the effective batch: 'linear', 'sqrt' or 'none'."""
+    warmup_steps: int = 100
+    """Linear warm-up from lr (unscaled) to the scaled lr over this many optimizer steps."""
+    decay: str = "cosine"
+    """After warm-up: 'cosine' to min_lr_ratio * lr by the last step, or 'none'."""
+    min_lr_ratio: float = 0.1
+    """Floor of the cosine decay, as a fraction of the peak lr."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    clip_grad_norm: float = 1.0
+    """Clip the global gradient norm (after the allreduce); 0 disables."""
+
+    def __post_init__(self):
+        _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        _check(self.base_batch_size >= 1, "optim.base_batch_size must be >= 1")
+        _one_of("optim.lr_scaling", self.lr_scaling, {"linear", "sqrt", "none"})
+        _one_of("optim.decay", self.decay, {"cosine", "none"})
+        _check(self.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
+        _check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio must be in [0, 1]")
+        _check(self.weight_decay >= 0 and self.clip_grad_norm >= 0, "must be >= 0")
+
+
+@dataclass
+class DistConfig:
+    compression: str = "none"
+    """Gradient compression on the wire: 'none' or 'fp16'."""
+    backward_passes_per_step: int = 1
+    """Micro-batches accumulated locally before one allreduce and optimizer step."""
+    op: str = "average"
+    """How gradients are combined: 'average' or 'adasum'."""
+    gradient_predivide_factor: float = 1.0
+    """Divide gradients by this before the sum and by size/this after (fp16 overflow guard)."""
+    fusion_threshold_mb: float | None = None
+    """Horovod tensor-fusion buffer (HOROVOD_FUSION_THRESHOLD); None keeps Horovod's 64 MB."""
+    cycle_time_ms: float | None = None
+    """Horovod background cycle (HOROVOD_CYCLE_TIME); None keeps Horovod's default."""
+    threads_per_rank: int | None = None
+    """torch threads per rank; None divides the machine's cores evenly between local ranks."""
+
+    def __post_init__(self):
+        _one_of("dist.compression", self.compression, {"none", "fp16"})
+        _one_of("dist.op", self.op, {"average", "adasum"})
+        _check(self.backward_passes_per_step >= 1, "dist.backward_passes_per_step must be >= 1")
+        _check(self.gradient_predivide_factor > 0, "dist.gradient_predivide_factor must be > 0")
+        _check(self.op == "average" or self.gradient_predivide_factor == 1.0,
+               "dist.gradient_predivide_factor only applies to op=average")
+
+
+@dataclass
+class TrainConfig:
+    out: str = "runs/train"
+    """Run folder: checkpoints/, tensorboard/, config.yaml, metrics.jsonl, model.pt."""
+    epochs: int = 20
+    """Passes over the training split."""
+    seed: int = 0
+    """Seeds parameters (rank 0's are broadcast), sampling and the data order."""
+    eval_every_epochs: int = 1
+    """Validate (ranking metrics on the validation split) every this many epochs."""
+    keep_checkpoints: int = 3
+    """Keep the last K checkpoints, plus the best by validation NDCG@10."""
+    checkpoint_every_steps: int = 0
+    """Also checkpoint every N optimizer steps within an epoch (0: only at epoch ends)."""
+    log_every_steps: int = 10
+    """TensorBoard scalars every N optimizer steps."""
+    amp: str = "auto"
+    """Mixed precision on CUDA: 'auto' (bf16 when supported), 'bf16', 'fp16', 'off'. CPU: fp32."""
+    progress: bool = True
+    """A tqdm bar on rank 0."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps in total (0: no limit); for smoke tests."""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+
+    def __post_init__(self):
+        _check(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        _check(self.eval_every_epochs >= 1, "eval_every_epochs must be >= 1")
+        _check(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
+        _check(self.checkpoint_every_steps >= 0 and self.max_steps >= 0, "must be >= 0")
+        _one_of("amp", self.amp, {"auto", "bf16", "fp16", "off"})
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls, values: dict):
+    """Build a (nested) config dataclass, refusing unknown keys by name."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - names
+    _check(not unknown,
+           f"unknown keys {sorted(unknown)} for {cls.__name__}; known: {sorted(names)}")
+    kwargs = {}
+    for key, value in values.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            _check(isinstance(value, dict), f"{key} must be a mapping")
+            value = from_dict(hint, value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _coerce(text: str):
+    """Override values are YAML scalars: 0.001, true, null, [a, b], {next_item: 1}."""
+    return yaml.safe_load(text)
+
+
+def apply_overrides(values: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        _check("=" in item, f"override {item!r} must look like section.field=value")
+        dotted, raw = item.split("=", 1)
+        node = values
+        *parents, leaf = dotted.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            _check(isinstance(node, dict), f"{dotted}: {part} is not a section")
+        node[leaf] = _coerce(raw)
+    return values
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Defaults <- YAML preset (a path or a preset name) <- overrides."""
+    values: dict = {}
+    if path:
+        preset = Path(path)
+        if not preset.exists() and (PRESETS / f"{path}.yaml").exists():
+            preset = PRESETS / f"{path}.yaml"
+        _check(preset.exists(), f"config file {path} not found (presets: "
+               f"{sorted(p.stem for p in PRESETS.glob('*.yaml'))})")
+        values = yaml.safe_load(preset.read_text()) or {}
+    values = apply_overrides(values, overrides or [])
+    try:
+        return from_dict(TrainConfig, values)
+    except TypeError as exc:  # a wrong type deep inside, e.g. a list where a number belongs
+        raise ValueError(f"config: {exc}") from exc
+
+
+def save_config(cfg: TrainConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

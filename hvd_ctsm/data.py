@@ -1,0 +1,235 @@
+"""Reading the feature job's Petastorm datasets: one rank's shard, batched and padded.
+
+Petastorm shards by row group (row group i goes to rank i % size). Ranks must run the same number
+of steps or the allreduce hangs, so the plan is made from the Parquet footers before training:
+every rank takes min(rows in any shard) // batch_size batches per epoch. Row groups and rows are
+shuffled with seeds derived from (seed, epoch), so the order is reproducible and a resumed run
+skips exactly the batches it already trained on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import queue
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hvd_ctsm.schema import EVENT_TYPES, SCHEMA_VERSION
+
+# Petastorm 0.13 calls pyarrow APIs deprecated since pyarrow 5: one warning per row group read, in
+# every reader thread. They say nothing about our data; keep the logs readable.
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
+warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"petastorm(\.|$)")
+
+HISTORY_FIELDS = ("item", "event_type", "value", "log_gap")
+TARGET_FIELDS = ("target_pos", "target_item", "target_label", "target_log_dt")
+
+
+class DatasetError(ValueError):
+    """The dataset cannot be trained on; the message says why and what to do."""
+
+
+def read_metadata(data_dir: str | Path) -> dict:
+    path = Path(data_dir) / "metadata.json"
+    if not path.exists():
+        raise DatasetError(f"{path} not found: point --data at a folder written by "
+                           "spark_jobs.build_features")
+    meta = json.loads(path.read_text())
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise DatasetError(f"{data_dir} has schema version {version}, this trainer reads "
+                           f"{SCHEMA_VERSION}: rebuild the features with this version")
+    return meta
+
+
+def model_sizes_kwargs(meta: dict) -> dict:
+    """ModelSizes fields from metadata.json (attribute order = client_attrs column order)."""
+    vocab = meta["vocab"]
+    return {"num_items": int(vocab["items"]), "num_event_types": len(EVENT_TYPES) + 1,
+            "attr_sizes": [int(n) for n in vocab.get("attrs", {}).values()],
+            "max_len": int(meta["max_len"])}
+
+
+def split_url(data_dir: str | Path, split: str) -> str:
+    return (Path(data_dir).resolve() / split).as_uri()
+
+
+def _row_group_sizes(url: str) -> list[int]:
+    """Rows per row group, in the order Petastorm's reader numbers them."""
+    import pyarrow.parquet as pq
+    from petastorm.etl.dataset_metadata import load_row_groups
+    from petastorm.fs_utils import FilesystemResolver
+
+    resolver = FilesystemResolver(url)
+    fs = resolver.filesystem()
+    path = resolver.get_dataset_path()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dataset = pq.ParquetDataset(path, filesystem=fs, validate_schema=False)
+        pieces = load_row_groups(dataset)
+
+    @cache
+    def footer(piece_path):
+        with fs.open(piece_path, "rb") as f:
+            return pq.ParquetFile(f).metadata
+
+    return [footer(p.path).row_group(p.row_group).num_rows for p in pieces]
+
+
+def shard_rows(url: str, size: int) -> list[int]:
+    """Rows in each of `size` shards."""
+    sizes = _row_group_sizes(url)
+    if len(sizes) < size:
+        raise DatasetError(f"{url} has {len(sizes)} row groups, fewer than {size} ranks: some "
+                           "ranks would get no rows; rebuild it with --row-groups >= ranks")
+    return [sum(sizes[r::size]) for r in range(size)]
+
+
+@dataclass
+class EpochPlan:
+    steps: int  # batches per rank per epoch, the same on every rank
+    rows_per_shard: list[int]
+
+
+def plan_epoch(url: str, size: int, batch_size: int) -> EpochPlan:
+    rows = shard_rows(url, size)
+    steps = min(rows) // batch_size
+    if steps == 0:
+        raise DatasetError(f"the smallest shard of {url} has {min(rows)} rows, less than one "
+                           f"batch of {batch_size}: lower data.batch_size or use fewer ranks")
+    return EpochPlan(steps=steps, rows_per_shard=rows)
+
+
+def collate(rows: list, max_len: int) -> dict[str, torch.Tensor]:
+    """Right-pad histories to max_len; flatten targets with the row they belong to."""
+    n = len(rows)
+    batch = {"item": np.zeros((n, max_len), np.int64),
+             "event_type": np.zeros((n, max_len), np.int64),
+             "value": np.zeros((n, max_len), np.float32),
+             "log_gap": np.zeros((n, max_len), np.float32)}
+    n_attrs = rows[0].client_attrs.shape[1] if rows[0].client_attrs.ndim == 2 else 0
+    batch["client_attrs"] = np.zeros((n, max_len, n_attrs), np.int64)
+    for i, row in enumerate(rows):
+        length = int(row.history_len)
+        for name in HISTORY_FIELDS:
+            batch[name][i, :length] = getattr(row, name)
+        if n_attrs:
+            batch["client_attrs"][i, :length] = row.client_attrs
+    counts = [len(row.target_item) for row in rows]
+    batch["target_row"] = np.repeat(np.arange(n), counts)
+    for name in TARGET_FIELDS:
+        batch[name] = np.concatenate([getattr(row, name) for row in rows])
+    out = {k: torch.from_numpy(v) for k, v in batch.items()}
+    out["target_pos"] = out["target_pos"].long()
+    out["target_item"] = out["target_item"].long()
+    return out
+
+
+def _shuffled(rows: Iterator, buffer_size: int, rng: np.random.Generator) -> Iterator:
+    """Streaming shuffle through a buffer of buffer_size rows (0: no shuffling)."""
+    if buffer_size <= 1:
+        yield from rows
+        return
+    buffer = []
+    for row in rows:
+        buffer.append(row)
+        if len(buffer) >= buffer_size:
+            yield buffer.pop(int(rng.integers(len(buffer))))
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+@contextmanager
+def open_reader(url: str, rank: int, size: int, seed: int | None, shuffle: bool):
+    """This rank's shard, read row group by row group in the calling thread.
+
+    Petastorm's "dummy" pool, not its thread pool: with 0.13.1's thread pool we saw an epoch end
+    after 0 rows in about 1 read in 12 (a race between its ventilator and the result queue), and
+    its order is not reproducible with more than one thread. Overlap with compute comes from
+    `prefetch` instead.
+    """
+    from petastorm import make_reader
+
+    reader = make_reader(url, cur_shard=rank, shard_count=size, num_epochs=1,
+                         shuffle_row_groups=shuffle, seed=seed, reader_pool_type="dummy")
+    try:
+        yield reader
+    finally:
+        # Not `with reader`: its exit also runs cleanup_cache(), which prints "Cache cleanup
+        # complete." once per rank per epoch; we use no disk cache, so stop and join suffice.
+        reader.stop()
+        reader.join()
+
+
+def train_batches(url: str, rank: int, size: int, epoch: int, plan: EpochPlan, batch_size: int,
+                  max_len: int, seed: int, shuffle_buffer: int = 1024,
+                  skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+    """Exactly plan.steps - skip batches of this rank's shard for one epoch."""
+    epoch_seed = seed * 100_003 + epoch + 1  # petastorm treats seed 0 as "not seeded"
+    rng = np.random.default_rng([seed, epoch, rank])
+    with open_reader(url, rank, size, epoch_seed, shuffle=True) as reader:
+        rows = _shuffled(iter(reader), shuffle_buffer, rng)
+        for step in range(plan.steps):
+            chunk = list(itertools.islice(rows, batch_size))
+            if len(chunk) < batch_size:
+                raise DatasetError(f"rank {rank}: shard of {url} ran out after {step} batches, "
+                                   f"{plan.steps} were planned: the dataset changed under the run?")
+            if step >= skip:
+                yield collate(chunk, max_len)
+
+
+def prefetch(batches: Iterator, depth: int) -> Iterator:
+    """Produce batches in a background thread, `depth` ahead of the consumer (0: inline).
+
+    Reading and decoding Parquet releases the GIL for much of its time, so this overlaps data
+    loading with the forward and backward passes. Errors are re-raised in the consumer.
+    """
+    if depth <= 0:
+        yield from batches
+        return
+    done = object()
+    box: queue.Queue = queue.Queue(maxsize=depth)
+
+    def produce():
+        try:
+            for item in batches:
+                box.put(item)
+            box.put(done)
+        except BaseException as exc:  # noqa: BLE001  handed to the consumer thread
+            box.put(exc)
+
+    threading.Thread(target=produce, daemon=True, name="prefetch").start()
+    while (item := box.get()) is not done:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+def eval_batches(url: str, rank: int, size: int, batch_size: int, max_len: int):
+    """Every row of this rank's shard once, in file order, with the ranking extras."""
+    with open_reader(url, rank, size, seed=None, shuffle=False) as reader:
+        chunk = []
+        for row in reader:
+            chunk.append(row)
+            if len(chunk) == batch_size:
+                yield _eval_collate(chunk, max_len)
+                chunk = []
+        if chunk:
+            yield _eval_collate(chunk, max_len)
+
+
+def _eval_collate(rows: list, max_len: int) -> dict:
+    batch = collate(rows, max_len)
+    batch["client_id"] = [str(row.client_id) for row in rows]
+    batch["prior_items"] = [np.asarray(row.prior_items) for row in rows]
+    batch["client_items"] = [np.asarray(row.client_items) for row in rows]
+    return batch

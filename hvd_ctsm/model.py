@@ -1,0 +1,223 @@
+"""The Client Time Series Model: a temporally-masked encoder and its prediction heads.
+
+Plain PyTorch: nothing here knows about Horovod, Spark or Petastorm.
+
+    events (item, type, value, time gap, client attributes)  -> embeddings
+    -> N x [causal self-attention -> GRU-style gate, feed-forward -> GRU-style gate]
+    -> client state at every position (depends only on that position and earlier ones)
+    -> heads: next item (over the shared item embeddings), p(sale) for (state, candidate item)
+
+A head turns the states at the target positions into a loss; a new target is a new head class in
+HEADS, with no change to the encoder.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ModelSizes:
+    """Sizes that come from the data (vocabularies), not from the user's config."""
+
+    num_items: int  # including index 0, the padding
+    num_event_types: int  # including padding
+    attr_sizes: list[int] = field(default_factory=list)  # one vocabulary size per attribute
+    max_len: int = 200
+
+
+class GRUGate(nn.Module):
+    """GRU-style gated residual (as in GTrXL): out = (1 - z) * x + z * h(x, y).
+
+    Replaces `x + y`. The gate bias starts positive so that each block starts close to the
+    identity, which keeps deep stacks stable early in training. Position-wise: no time mixing.
+    """
+
+    def __init__(self, dim: int, gate_bias: float = 2.0):
+        super().__init__()
+        self.w_r, self.u_r = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+        self.w_z, self.u_z = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim)
+        self.w_g, self.u_g = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+        nn.init.constant_(self.u_z.bias, -gate_bias)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        r = torch.sigmoid(self.w_r(y) + self.u_r(x))
+        z = torch.sigmoid(self.w_z(y) + self.u_z(x))
+        h = torch.tanh(self.w_g(y) + self.u_g(r * x))
+        return (1 - z) * x + z * h
+
+
+class CausalBlock(nn.Module):
+    """Pre-norm causal self-attention and feed-forward, each merged through a GRU gate."""
+
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads = heads
+        self.norm_attn, self.norm_ff = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.gate_attn, self.gate_ff = GRUGate(dim), GRUGate(dim)
+        self.dropout = nn.Dropout(dropout)
+        self.attn_dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm_attn(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        # is_causal: position i attends to positions <= i only. Histories are right-padded, so
+        # padding always lies in a valid position's future and is never attended to.
+        attn = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.attn_dropout if self.training else 0.0
+        )
+        attn = attn.transpose(1, 2).reshape(b, t, d)
+        x = self.gate_attn(x, self.dropout(self.proj(attn)))
+        return self.gate_ff(x, self.dropout(self.ff(self.norm_ff(x))))
+
+
+class TemporalEncoder(nn.Module):
+    """Client state at every position from that position's event and all earlier ones."""
+
+    def __init__(self, sizes: ModelSizes, dim: int, layers: int, heads: int, dropout: float):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"model dim {dim} is not divisible by heads {heads}")
+        self.item = nn.Embedding(sizes.num_items, dim, padding_idx=0)
+        self.event_type = nn.Embedding(sizes.num_event_types, dim, padding_idx=0)
+        self.position = nn.Embedding(sizes.max_len, dim)
+        self.attrs = nn.ModuleList(nn.Embedding(n, dim, padding_idx=0) for n in sizes.attr_sizes)
+        # Continuous features: the event's value and the log time gap to the previous event.
+        self.numeric = nn.Sequential(nn.Linear(2, dim), nn.GELU(), nn.Linear(dim, dim))
+        self.blocks = nn.ModuleList(CausalBlock(dim, heads, dropout) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(dropout)
+        self.dim = dim
+        nn.init.normal_(self.item.weight, std=dim**-0.5)
+        with torch.no_grad():
+            self.item.weight[0].zero_()
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        items = batch["item"]
+        positions = torch.arange(items.shape[1], device=items.device)
+        x = self.item(items) * math.sqrt(self.dim) + self.position(positions)
+        x = x + self.event_type(batch["event_type"])
+        x = x + self.numeric(torch.stack([batch["value"], batch["log_gap"]], dim=-1))
+        for i, table in enumerate(self.attrs):
+            x = x + table(batch["client_attrs"][..., i])
+        x = self.dropout(x) * (items > 0).unsqueeze(-1)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+
+class NextItemHead(nn.Module):
+    """Scores items by a dot product with the shared item embeddings (plus a popularity bias).
+
+    loss: 'full' softmax over all items; 'sampled' softmax over the target and `negatives`
+    uniformly sampled items; 'bce' binary loss of the target against `negatives` sampled items.
+    """
+
+    def __init__(self, encoder: TemporalEncoder, loss: str, negatives: int):
+        super().__init__()
+        self.encoder = [encoder]  # a list: share the embedding without registering it twice
+        self.bias = nn.Parameter(torch.zeros(encoder.item.num_embeddings))
+        self.loss_kind, self.negatives = loss, negatives
+
+    def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, d] states -> [B, C] scores for item_ids ([C] or [B, C]); all items when None."""
+        table = self.encoder[0].item.weight
+        if item_ids is None:
+            scores = states @ table.T + self.bias
+            scores[:, 0] = float("-inf")  # never recommend padding
+            return scores
+        emb = table[item_ids]
+        if item_ids.dim() == 1:
+            return states @ emb.T + self.bias[item_ids]
+        return torch.einsum("bd,bcd->bc", states, emb) + self.bias[item_ids]
+
+    def loss(self, states: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
+        target = targets["item"]
+        if self.loss_kind == "full":
+            return F.cross_entropy(self.score(states), target)
+        n_items = self.bias.shape[0]
+        neg = torch.randint(1, n_items, (target.shape[0], self.negatives), device=target.device)
+        candidates = torch.cat([target.unsqueeze(1), neg], dim=1)
+        logits = self.score(states, candidates)
+        # A sampled negative that equals the target is not a negative: leave it out.
+        collides = candidates == target.unsqueeze(1)
+        collides[:, 0] = False
+        if self.loss_kind == "sampled":
+            logits = logits.masked_fill(collides, float("-inf"))
+            return F.cross_entropy(logits, torch.zeros_like(target))
+        labels = torch.zeros_like(logits)
+        labels[:, 0] = 1.0
+        return F.binary_cross_entropy_with_logits(logits, labels, weight=(~collides).float())
+
+
+class SaleHead(nn.Module):
+    """p(sale) for (client state, candidate item, time until the target): a small MLP."""
+
+    def __init__(self, encoder: TemporalEncoder, dim: int):
+        super().__init__()
+        self.encoder = [encoder]
+        self.mlp = nn.Sequential(nn.Linear(3 * dim + 1, dim), nn.GELU(), nn.Linear(dim, 1))
+
+    def logit(self, states, item_ids, log_dt=None) -> torch.Tensor:
+        item = self.encoder[0].item(item_ids)
+        if log_dt is None:
+            log_dt = torch.zeros(item_ids.shape, device=states.device)
+        features = torch.cat([states, item, states * item, log_dt.unsqueeze(-1)], dim=-1)
+        return self.mlp(features).squeeze(-1)
+
+    def loss(self, states: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = self.logit(states, targets["item"], targets["log_dt"])
+        return F.binary_cross_entropy_with_logits(logits, targets["label"])
+
+
+HEADS = {"next_item": NextItemHead, "sale": SaleHead}
+
+
+class CTSM(nn.Module):
+    """Encoder plus heads. forward() returns {head name: loss} for a batch with targets."""
+
+    def __init__(self, sizes: ModelSizes, dim=64, layers=2, heads=2, dropout=0.2,
+                 loss="full", negatives=100, head_names=("next_item", "sale")):
+        super().__init__()
+        self.sizes = sizes
+        self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout)
+        built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives),
+                 "sale": lambda: SaleHead(self.encoder, dim)}
+        unknown = set(head_names) - set(built)
+        if unknown:
+            raise ValueError(f"unknown heads {sorted(unknown)}; known: {sorted(built)}")
+        self.heads = nn.ModuleDict({name: built[name]() for name in head_names})
+
+    def states_at(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The client state at each target's position: [num_targets, dim]."""
+        states = self.encoder(batch)
+        return states[batch["target_row"], batch["target_pos"]]
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        states = self.states_at(batch)
+        targets = {"item": batch["target_item"], "label": batch["target_label"],
+                   "log_dt": batch["target_log_dt"]}
+        return {name: head.loss(states, targets) for name, head in self.heads.items()}
+
+    def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Next-item scores of (client state, item) pairs; all items when item_ids is None."""
+        return self.heads["next_item"].score(states, item_ids)
+
+    def p_sale(self, states, item_ids, log_dt=None) -> torch.Tensor:
+        return torch.sigmoid(self.heads["sale"].logit(states, item_ids, log_dt))
+
+    def recommend(self, states: torch.Tensor, k: int, exclude: torch.Tensor | None = None):
+        """Top-k items per client state; `exclude` is a [B, num_items] bool mask."""
+        scores = self.score(states)
+        if exclude is not None:
+            scores = scores.masked_fill(exclude, float("-inf"))
+        return scores.topk(k, dim=-1)

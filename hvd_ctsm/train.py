@@ -1,0 +1,327 @@
+"""Train a CTSM on one rank or many:
+
+    python -m hvd_ctsm.train --data DIR --out RUN                      # one rank
+    horovodrun -np 8 python -m hvd_ctsm.train --data DIR --out RUN     # eight ranks
+    ... --config ml100k optim.lr=0.002 epochs=30 --resume
+
+Every rank reads its own shard and runs the same number of steps; gradients are averaged by
+Horovod (hvd_ctsm.distributed); rank 0 alone writes checkpoints, TensorBoard and the final model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hvd_ctsm import distributed as dist
+from hvd_ctsm.checkpoint import CheckpointManager, atomic_write_bytes, save_state
+from hvd_ctsm.config import TrainConfig, load_config, save_config, to_dict
+from hvd_ctsm.data import (EpochPlan, eval_batches, plan_epoch, prefetch, read_metadata, split_url,
+                           train_batches)
+from hvd_ctsm.evaluate import evaluate, model_scorer
+from hvd_ctsm.model import CTSM, ModelSizes
+from hvd_ctsm.train_support import (StepTimer, autocast_for, build_model_sizes, lr_scale,
+                                    lr_schedule, progress_bar, restore, warm_start)
+
+log = logging.getLogger("hvd_ctsm.train")
+
+
+def build_model(cfg: TrainConfig, sizes: ModelSizes) -> CTSM:
+    m = cfg.model
+    return CTSM(sizes, dim=m.dim, layers=m.layers, heads=m.heads, dropout=m.dropout, loss=m.loss,
+                negatives=m.negatives, head_names=tuple(m.head_weights))
+
+
+def validate(model, cfg, meta, device) -> dict:
+    """Sharded validation, combined exactly: sums and counts over ranks, all labels gathered."""
+    model.eval()
+    batches = eval_batches(split_url(cfg.data.path, "validation"), dist.rank(), dist.size(),
+                           batch_size=256, max_len=int(meta["max_len"]))
+    result = evaluate(batches, model_scorer(model, device), int(meta["vocab"]["items"]),
+                      seed=cfg.seed)
+    model.train()
+    vector = dist.allreduce_sum(torch.tensor(result.ranking_vector()), name="val_sums")
+    labels = dist.allgather_object(result.labels)
+    probs = dist.allgather_object(result.probs)
+    return result.summary(vector.tolist(), _concat(labels), _concat(probs))
+
+
+def _concat(per_rank: list[list[np.ndarray]]) -> np.ndarray:
+    arrays = [a for arrays in per_rank for a in arrays]
+    return np.concatenate(arrays) if arrays else np.zeros(0)
+
+
+def checkpoint_state(model, optimizer, scheduler, position: dict, cfg, meta) -> dict:
+    """Collective (every rank calls it): gathers each rank's RNG state for an exact resume."""
+    rng = dist.allgather_object(torch.get_rng_state())
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "position": position | {"rng": rng},
+            "config": to_dict(cfg), "vocab_sha256": meta.get("vocab_sha256", "")}
+
+
+def save_final_model(out: Path, model, cfg, meta, summary: dict) -> None:
+    save_state(out / "model.pt", {"model": model.state_dict(), "sizes": asdict(model.sizes),
+                                  "config": to_dict(cfg),
+                                  "vocab_sha256": meta.get("vocab_sha256", "")})
+    atomic_write_bytes(out / "train_summary.json", json.dumps(summary, indent=2).encode())
+
+
+@dataclass
+class Run:
+    """What one training run holds while it goes."""
+
+    cfg: TrainConfig
+    meta: dict
+    model: CTSM
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    plan: EpochPlan
+    device: torch.device
+    effective_batch: int
+    total_steps: int
+    writer: object = None
+    timer: StepTimer = field(default_factory=StepTimer)
+
+
+def log_training(run: Run, step: int, losses: dict, bar) -> None:
+    """Average losses and time shares over ranks (a collective), then rank 0 logs them."""
+    logged = dist.allreduce_mean({f"loss/{k}": v for k, v in losses.items()} | run.timer.shares())
+    if dist.is_root():
+        rate = run.effective_batch / max(logged["time/step_seconds"], 1e-9)
+        record = logged | {"lr": run.scheduler.get_last_lr()[0], "samples_per_s": rate}
+        for key, value in record.items():
+            run.writer.add_scalar(key, value, step)
+        with open(Path(run.cfg.out) / "train_log.jsonl", "a") as f:
+            f.write(json.dumps({"step": step} | record) + "\n")
+        bar.set_postfix(loss=f"{logged['loss/next_item']:.3f}", rows_s=f"{rate:.0f}")
+    run.timer.reset()
+
+
+def optimizer_step(run: Run, batches, autocast, scaler) -> dict:
+    """backward_passes_per_step micro-batches, one gradient allreduce, one optimizer step."""
+    cfg, timer, micro = run.cfg, run.timer, run.cfg.dist.backward_passes_per_step
+    losses = {}
+    for _ in range(micro):
+        with timer("data"):
+            batch = {k: v.to(run.device, non_blocking=True) for k, v in next(batches).items()}
+        with timer("forward"), autocast():
+            head_losses = run.model(batch)
+            loss = sum(cfg.model.head_weights[k] * v for k, v in head_losses.items())
+        with timer("backward"):
+            scaler.scale(loss / micro).backward()
+        for k, v in head_losses.items():
+            losses[k] = losses.get(k, 0.0) + v.item() / micro
+    with timer("allreduce"):
+        run.optimizer.synchronize()  # waits until the gradient allreduce has finished
+    with timer("step"):
+        scaler.unscale_(run.optimizer)
+        if cfg.optim.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.clip_grad_norm)
+        with run.optimizer.skip_synchronize():
+            scaler.step(run.optimizer)
+        scaler.update()
+        run.optimizer.zero_grad()  # Horovod's takes no set_to_none
+        run.scheduler.step()
+    return losses
+
+
+def parameter_checksum(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def setup_run(cfg: TrainConfig, resume: bool, init_from: str | None) -> tuple[Run, dict]:
+    """Model, optimizer and schedule on every rank, started from rank 0's state."""
+    meta = read_metadata(cfg.data.path)  # a bad dataset stops here, before any collective
+    dist.set_horovod_knobs(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms)
+    dist.init(cfg.dist.threads_per_rank)
+    device = torch.device(f"cuda:{dist.local_rank()}" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, build_model_sizes(meta)).to(device)
+    micro = cfg.dist.backward_passes_per_step
+    plan = plan_epoch(split_url(cfg.data.path, "train"), dist.size(), cfg.data.batch_size * micro)
+    total_steps = plan.steps * cfg.epochs
+    effective_batch = cfg.data.batch_size * dist.size() * micro
+    scale = lr_scale(cfg.optim, effective_batch)
+    optimizer = dist.distributed_optimizer(
+        torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr * scale,
+                          weight_decay=cfg.optim.weight_decay),
+        model, compression=cfg.dist.compression, backward_passes_per_step=micro,
+        op=cfg.dist.op, gradient_predivide_factor=cfg.dist.gradient_predivide_factor)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_schedule(cfg.optim, scale, total_steps))
+    run = Run(cfg, meta, model, optimizer, scheduler, plan, device, effective_batch, total_steps)
+    position = {"epoch": 0, "batch": 0, "step": 0, "best": {"ndcg@10": float("-inf")}}
+    checkpoints = CheckpointManager(Path(cfg.out) / "checkpoints", cfg.keep_checkpoints)
+    if resume:
+        position = restore(checkpoints, model, optimizer, scheduler, meta, dist.is_root()) \
+            or position
+    elif init_from:
+        warm_start(model, init_from, dist.is_root())
+    dist.broadcast_state(model, optimizer)
+    position = dist.broadcast_object(position)
+    scheduler.load_state_dict(dist.broadcast_object(scheduler.state_dict()))
+    if len(position.get("rng", [])) == dist.size():  # same world size: continue each RNG
+        torch.set_rng_state(position["rng"][dist.rank()])
+    if dist.is_root():
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        save_config(cfg, Path(cfg.out) / "config.yaml")
+        from torch.utils.tensorboard import SummaryWriter
+
+        run.writer = SummaryWriter(str(Path(cfg.out) / "tensorboard"))
+        log.info("ranks=%d steps/epoch=%d (shard rows %s) effective batch=%d lr x%.3g",
+                 dist.size(), plan.steps, plan.rows_per_shard, effective_batch, scale)
+    return run, position
+
+
+def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) -> dict:
+    run, position = setup_run(cfg, resume, init_from)
+    out, root, micro = Path(cfg.out), dist.is_root(), cfg.dist.backward_passes_per_step
+    checkpoints = CheckpointManager(out / "checkpoints", cfg.keep_checkpoints)
+    autocast, scaler = autocast_for(cfg.amp, run.device)
+    bar = progress_bar(root and cfg.progress, run.total_steps, position["step"])
+    step, best, history = position["step"], position["best"], []
+    stop_at = min(run.total_steps, cfg.max_steps or run.total_steps)
+    run.model.train()
+    for epoch in range(position["epoch"], cfg.epochs):
+        done = position["batch"] if epoch == position["epoch"] else 0  # optimizer steps
+        batches = train_batches(split_url(cfg.data.path, "train"), dist.rank(), dist.size(),
+                                epoch, run.plan, cfg.data.batch_size * micro,
+                                run.model.sizes.max_len, cfg.seed, cfg.data.shuffle_buffer,
+                                skip=done)
+        batches = prefetch((chunk for big in batches for chunk in split_batch(big, micro)),
+                           cfg.data.prefetch_batches)
+        while done < run.plan.steps and step < stop_at:
+            losses = optimizer_step(run, batches, autocast, scaler)
+            step, done = step + 1, done + 1
+            bar.update(1)
+            if step % cfg.log_every_steps == 0 or step == stop_at:
+                log_training(run, step, losses, bar)
+            if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0 \
+                    and done < run.plan.steps:
+                save_checkpoint(run, checkpoints, {"epoch": epoch, "batch": done, "step": step,
+                                                   "best": best})
+        if done < run.plan.steps:  # stopped by max_steps: keep the exact position
+            save_checkpoint(run, checkpoints, {"epoch": epoch, "batch": done, "step": step,
+                                               "best": best})
+            break
+        is_best = False
+        if (epoch + 1) % cfg.eval_every_epochs == 0 or epoch + 1 == cfg.epochs:
+            metrics = validate(run.model, cfg, run.meta, run.device)
+            is_best = metrics["full"]["ndcg@10"] > best["ndcg@10"]
+            if is_best:
+                best = {"ndcg@10": metrics["full"]["ndcg@10"], "epoch": epoch + 1}
+            history.append({"epoch": epoch + 1, "step": step, **metrics})
+            if root:
+                log_validation(run.writer, metrics, step, out, history[-1])
+        save_checkpoint(run, checkpoints, {"epoch": epoch + 1, "batch": 0, "step": step,
+                                           "best": best}, is_best)
+    bar.close()
+    checksums = dist.allgather_object(parameter_checksum(run.model))
+    summary = {"steps": step, "ranks": dist.size(), "effective_batch": run.effective_batch,
+               "steps_per_epoch": run.plan.steps, "best": best,
+               "validation": history[-1] if history else None, "parameter_checksums": checksums}
+    if root:
+        save_final_model(out, run.model, cfg, run.meta, summary)
+        run.writer.close()
+        log.info("done after %d steps; ranks in sync: %s", step, len(set(checksums)) == 1)
+    return summary
+
+
+def split_batch(batch: dict, parts: int) -> list[dict]:
+    """One read of parts x batch_size rows -> `parts` micro-batches (backward_passes_per_step)."""
+    if parts == 1:
+        return [batch]
+    rows = batch["item"].shape[0]
+    size = rows // parts
+    out = []
+    for i in range(parts):
+        lo, hi = i * size, (i + 1) * size
+        keep = (batch["target_row"] >= lo) & (batch["target_row"] < hi)
+        part = {k: v[lo:hi] for k, v in batch.items() if not k.startswith("target_")}
+        part |= {k: v[keep] for k, v in batch.items() if k.startswith("target_")}
+        part["target_row"] = part["target_row"] - lo
+        out.append(part)
+    return out
+
+
+def save_checkpoint(run: Run, checkpoints: CheckpointManager, position: dict,
+                    is_best: bool = False) -> None:
+    state = checkpoint_state(run.model, run.optimizer, run.scheduler, position, run.cfg,
+                             run.meta)
+    if dist.is_root():
+        checkpoints.save(state, position["step"], is_best=is_best)
+
+
+def log_validation(writer, metrics: dict, step: int, out: Path, record: dict) -> None:
+    for protocol in ("full", "sampled"):
+        for key, value in metrics[protocol].items():
+            writer.add_scalar(f"val_{protocol}/{key}", value, step)
+    for key, value in metrics.get("sale", {}).items():
+        writer.add_scalar(f"val_sale/{key}", value, step)
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    log.info("epoch %d val full ndcg@10=%.4f hr@10=%.4f | sampled ndcg@10=%.4f hr@10=%.4f",
+             record["epoch"], metrics["full"]["ndcg@10"], metrics["full"]["hr@10"],
+             metrics["sampled"]["ndcg@10"], metrics["sampled"]["hr@10"])
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="hvd_ctsm.train", description=__doc__.splitlines()[0])
+    p.add_argument("overrides", nargs="*", help="section.field=value, e.g. optim.lr=0.002")
+    p.add_argument("--config", help="YAML file or preset name (hvd_ctsm/presets)")
+    p.add_argument("--data", help="feature job output folder (data.path)")
+    p.add_argument("--out", help="run folder")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--init-from", help="warm-start from a model.pt (vocabulary may have grown)")
+    p.add_argument("--overwrite", action="store_true", help="start afresh in an existing --out")
+    return p.parse_intermixed_args(argv)
+
+
+def check_out_folder(out: Path, resume: bool, overwrite: bool) -> None:
+    """A new run never mixes its checkpoints and logs with an earlier run's."""
+    if resume or not out.exists() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise SystemExit(f"error: {out} already holds a run: pass --resume to continue it or "
+                         "--overwrite to start afresh")
+    if int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))) == 0:
+        shutil.rmtree(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    overrides = list(args.overrides)
+    for flag, key in ((args.data, "data.path"), (args.out, "out"), (args.epochs, "epochs")):
+        if flag is not None:
+            overrides.append(f"{key}={flag}")
+    cfg = load_config(args.config, overrides)
+    if not cfg.data.path:
+        raise SystemExit("error: --data DIR is required (a folder written by the feature job)")
+    check_out_folder(Path(cfg.out), args.resume, args.overwrite)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    train(cfg, resume=args.resume, init_from=args.init_from)
+    dist.shutdown()
+    return 0
+
+
+def cli() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,154 @@
+"""The trainer's helpers: learning-rate rules, timers, mixed precision, resume and warm start."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+from hvd_ctsm.checkpoint import CheckpointManager, load_state
+from hvd_ctsm.config import OptimConfig
+from hvd_ctsm.data import model_sizes_kwargs
+from hvd_ctsm.model import ModelSizes
+
+log = logging.getLogger("hvd_ctsm.train")
+
+
+def build_model_sizes(meta: dict) -> ModelSizes:
+    return ModelSizes(**model_sizes_kwargs(meta))
+
+
+def lr_scale(optim: OptimConfig, effective_batch: int) -> float:
+    """How much the peak lr grows with the effective batch (Goyal et al.: linear; or sqrt)."""
+    ratio = effective_batch / optim.base_batch_size
+    return {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[optim.lr_scaling]
+
+
+def lr_schedule(optim: OptimConfig, scale: float, total_steps: int):
+    """Multiplier of the scaled lr per step: warm up from the unscaled lr, then cosine decay."""
+    warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
+    start = 1.0 / scale
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return start + (1.0 - start) * step / warmup
+        if optim.decay == "none" or total_steps <= warmup:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return optim.min_lr_ratio + (1.0 - optim.min_lr_ratio) * cosine
+
+    return factor
+
+
+class StepTimer:
+    """Wall time per phase (data, forward, backward, allreduce, step), as totals and shares."""
+
+    PHASES = ("data", "forward", "backward", "allreduce", "step")
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.totals = defaultdict(float)
+        self.steps = 0
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[phase] += time.perf_counter() - t0
+            if phase == "step":
+                self.steps += 1
+
+    def mean_step_seconds(self) -> float:
+        return sum(self.totals.values()) / max(self.steps, 1)
+
+    def shares(self) -> dict[str, float]:
+        total = sum(self.totals.values()) or 1.0
+        shares = {f"time_share/{p}": self.totals[p] / total for p in self.PHASES}
+        return shares | {"time/step_seconds": self.mean_step_seconds()}
+
+
+def autocast_for(amp: str, device: torch.device):
+    """(autocast context factory, grad scaler). fp32 on CPU; bf16 or fp16 on CUDA."""
+    if device.type != "cuda" or amp == "off":
+        return nullcontext, torch.amp.GradScaler("cpu", enabled=False)
+    if amp == "auto":
+        amp = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+    return (lambda: torch.autocast("cuda", dtype=dtype)), scaler
+
+
+class _NoBar:
+    def update(self, n=1):
+        pass
+
+    def set_postfix(self, **kwargs):
+        pass
+
+    def close(self):
+        pass
+
+
+def progress_bar(enabled: bool, total: int, initial: int):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, desc="train")
+
+
+def restore(checkpoints: CheckpointManager, model, optimizer, scheduler, meta: dict,
+            root: bool) -> dict | None:
+    """Rank 0 loads the newest good checkpoint (the others receive it by broadcast).
+
+    Returns the saved data position, or None when there is nothing to resume from."""
+    if not root:
+        return None
+    state = checkpoints.load_latest()
+    if state is None:
+        log.warning("--resume: no checkpoint in %s, starting from scratch", checkpoints.folder)
+        return None
+    if state.get("vocab_sha256") != meta.get("vocab_sha256", ""):
+        raise ValueError("--resume: the checkpoint was trained on another vocabulary; use "
+                         "--init-from to warm-start on a new dataset instead")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    log.info("resumed from step %d (epoch %d, step %d of the epoch)", state["position"]["step"],
+             state["position"]["epoch"], state["position"]["batch"])
+    return state["position"]
+
+
+def warm_start(model, path: str, root: bool) -> None:
+    """Copy an earlier model's weights; item tables grown by a retrain keep the old rows."""
+    if not root:
+        return
+    old = load_state(path)["model"]
+    new = model.state_dict()
+    copied, grown = 0, 0
+    for name, tensor in old.items():
+        if name not in new:
+            continue
+        target = new[name]
+        if target.shape == tensor.shape:
+            target.copy_(tensor)
+            copied += 1
+        elif target.dim() == tensor.dim() and all(
+                t >= o for t, o in zip(target.shape, tensor.shape, strict=True)):
+            target[tuple(slice(0, n) for n in tensor.shape)].copy_(tensor)
+            grown += 1
+        else:
+            raise ValueError(f"--init-from: {name} has shape {tuple(tensor.shape)}, the new model "
+                             f"{tuple(target.shape)}: not a smaller vocabulary of the same model")
+    model.load_state_dict(new)
+    log.info("warm start from %s: %d tensors copied, %d grown (new vocabulary rows)", path,
+             copied, grown)

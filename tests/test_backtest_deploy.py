@@ -1,0 +1,73 @@
+"""Backtest report, gate exit codes and the deploy that only follows a passed gate."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hvd_ctsm import backtest, deploy
+
+
+def test_gate_parsing_and_decisions():
+    rules = backtest.parse_gate("ndcg@10>=0.1, sampled.hr@10>0.5,sale.auc>=0.6")
+    assert rules == [("full", "ndcg@10", ">=", 0.1), ("sampled", "hr@10", ">", 0.5),
+                     ("sale", "auc", ">=", 0.6)]
+    metrics = {"full": {"ndcg@10": 0.12}, "sampled": {"hr@10": 0.5}, "sale": {"auc": 0.7}}
+    decision = backtest.apply_gate(metrics, rules, None, 0.0)
+    assert decision["passed"] is False
+    assert [c["passed"] for c in decision["checks"]] == [True, False, True]
+    champion = {"model": {"full": {"ndcg@10": 0.125}}}
+    assert backtest.apply_gate(metrics, [], champion, 0.01)["passed"] is True
+    assert backtest.apply_gate(metrics, [], champion, 0.001)["passed"] is False
+
+
+@pytest.mark.parametrize("bad", ["ndcg@10=>0.1", "foo.ndcg@10>=1", "ndcg@10>=x"])
+def test_malformed_gate_is_refused(bad):
+    with pytest.raises(ValueError, match="gate"):
+        backtest.parse_gate(bad)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_features, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bt") / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvd_ctsm.train", "--data", str(tiny_features), "--out", str(out),
+         "--epochs", "3", "data.batch_size=16", "model.dim=32", "model.layers=1",
+         "progress=false"], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.spark
+@pytest.mark.horovod
+@pytest.mark.slow
+def test_backtest_gate_and_deploy(tiny_features, trained, tmp_path, capsys):
+    report, registry = tmp_path / "report.json", tmp_path / "registry"
+    code = backtest.main(["--data", str(tiny_features), "--model", str(trained),
+                          "--report", str(report), "--gate", "ndcg@10>=1.01"])
+    assert code == 1  # impossible gate: the DAG stops
+    result = json.loads(report.read_text())
+    assert result["gate"]["passed"] is False
+    for name in ("model", "popularity"):
+        assert result[name]["full"]["targets"] == result[name]["sampled"]["targets"] > 0
+        assert 0 <= result[name]["full"]["ndcg@10"] <= 1
+    assert deploy.main(["--model", str(trained), "--report", str(report),
+                        "--registry", str(registry)]) == 1
+    assert deploy.current(registry) is None and not list(registry.glob("v*"))
+
+    code = backtest.main(["--data", str(tiny_features), "--model", str(trained),
+                          "--report", str(report), "--gate", "ndcg@10>=0"])
+    assert code == 0
+    assert deploy.main(["--model", str(trained), "--report", str(report),
+                        "--registry", str(registry)]) == 0
+    version = deploy.current(registry)
+    assert version.name == "v0001"
+    assert {"model.pt", "config.yaml", "metadata.json", "vocab.json",
+            "backtest.json"} <= {p.name for p in version.iterdir()}
+    # A champion gate against the deployed report: the same model is not worse than itself.
+    assert backtest.main(["--data", str(tiny_features), "--model", str(trained), "--report",
+                          str(tmp_path / "r2.json"), "--champion",
+                          str(version / "backtest.json"), "--tolerance", "0"]) == 0

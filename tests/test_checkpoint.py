@@ -1,0 +1,52 @@
+"""Checkpoints: checksummed atomic files, fallback past damage, warm start on a new vocabulary."""
+
+import torch
+
+from hvd_ctsm.checkpoint import CheckpointManager, load_state, save_state
+from hvd_ctsm.model import CTSM, ModelSizes
+from hvd_ctsm.train_support import lr_scale, lr_schedule, warm_start
+
+
+def test_keeps_the_last_k_and_the_best(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=2)
+    for step in (10, 20, 30):
+        manager.save({"step": step, "w": torch.full((3,), float(step))}, step, is_best=step == 20)
+    assert manager.steps() == [20, 30]
+    assert load_state(tmp_path / "best.pt")["step"] == 20
+    assert manager.load_latest()["step"] == 30
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
+    manager = CheckpointManager(tmp_path, keep=3)
+    manager.save({"step": 1}, 1)
+    path = manager.save({"step": 2}, 2)
+    path.write_bytes(path.read_bytes()[:20])  # truncated
+    assert manager.load_latest()["step"] == 1
+    assert "skipping damaged checkpoint" in caplog.text
+
+
+def test_warm_start_keeps_old_rows_of_a_grown_vocabulary(tmp_path):
+    torch.manual_seed(0)
+    old = CTSM(ModelSizes(num_items=20, num_event_types=5, attr_sizes=[3], max_len=8), dim=8,
+               layers=1, heads=2)
+    save_state(tmp_path / "model.pt", {"model": old.state_dict()})
+    new = CTSM(ModelSizes(num_items=26, num_event_types=5, attr_sizes=[3], max_len=8), dim=8,
+               layers=1, heads=2)
+    warm_start(new, str(tmp_path / "model.pt"), root=True)
+    assert torch.equal(new.encoder.item.weight[:20], old.encoder.item.weight)
+    assert torch.equal(new.heads["next_item"].bias[:20], old.heads["next_item"].bias)
+    assert torch.equal(new.encoder.blocks[0].qkv.weight, old.encoder.blocks[0].qkv.weight)
+
+
+def test_lr_rules_and_warmup():
+    from hvd_ctsm.config import OptimConfig
+
+    optim = OptimConfig(lr=1e-3, base_batch_size=64, lr_scaling="linear", warmup_steps=10,
+                        decay="cosine", min_lr_ratio=0.1)
+    assert lr_scale(optim, 256) == 4.0
+    assert lr_scale(OptimConfig(base_batch_size=64, lr_scaling="sqrt"), 256) == 2.0
+    factor = lr_schedule(optim, scale=4.0, total_steps=110)
+    assert factor(0) == 0.25  # warm-up starts at the unscaled lr
+    assert factor(10) == 1.0  # and reaches the scaled lr
+    assert abs(factor(110) - 0.1) < 1e-9  # cosine ends at min_lr_ratio

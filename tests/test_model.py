@@ -1,0 +1,101 @@
+"""The model alone: causality, padding, heads, scoring (pure torch, no distribution)."""
+
+import pytest
+import torch
+
+from hvd_ctsm.model import CTSM, ModelSizes
+
+SIZES = ModelSizes(num_items=50, num_event_types=5, attr_sizes=[4, 3], max_len=12)
+
+
+def make_batch(b=3, t=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([12, 7, 3])[:b]
+    valid = torch.arange(t)[None, :] < lengths[:, None]
+    batch = {
+        "item": torch.randint(1, 50, (b, t), generator=g) * valid,
+        "event_type": torch.randint(1, 5, (b, t), generator=g) * valid,
+        "value": torch.rand(b, t, generator=g) * valid,
+        "log_gap": torch.rand(b, t, generator=g) * valid,
+        "client_attrs": torch.randint(1, 3, (b, t, 2), generator=g) * valid[..., None],
+    }
+    return batch, lengths
+
+
+def model(**kwargs):
+    torch.manual_seed(0)
+    return CTSM(SIZES, dim=16, layers=2, heads=2, dropout=0.0, **kwargs).eval()
+
+
+@pytest.mark.parametrize("field", ["item", "event_type", "value", "log_gap", "client_attrs"])
+def test_changing_a_later_event_never_changes_earlier_states(field):
+    m = model()
+    batch, _ = make_batch()
+    before = m.encoder(batch)
+    changed = {k: v.clone() for k, v in batch.items()}
+    cut = 5
+    if changed[field].is_floating_point():
+        changed[field][:, cut:] += 3.0
+    else:
+        changed[field][:, cut:] = (changed[field][:, cut:] % 2) + 1
+    after = m.encoder(changed)
+    assert torch.allclose(before[:, :cut], after[:, :cut], atol=1e-6)
+    assert not torch.allclose(before[0, cut:], after[0, cut:], atol=1e-4)  # the change did act
+
+
+def test_padding_does_not_change_valid_positions():
+    m = model()
+    batch, lengths = make_batch()
+    padded = {k: torch.cat([v, torch.zeros_like(v)], dim=1) for k, v in batch.items()}
+    big = CTSM(ModelSizes(50, 5, [4, 3], max_len=24), dim=16, layers=2, heads=2, dropout=0.0)
+    big.load_state_dict({k: (v if k != "encoder.position.weight" else
+                             torch.cat([v, torch.zeros(12, 16)]))
+                         for k, v in m.state_dict().items()})
+    big.eval()
+    assert torch.allclose(m.encoder(batch), big.encoder(padded)[:, :12], atol=1e-5)
+
+
+@pytest.mark.parametrize("loss", ["full", "sampled", "bce"])
+def test_losses_are_finite_and_train(loss):
+    torch.manual_seed(0)
+    m = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0, loss=loss, negatives=8)
+    batch, _ = make_batch()
+    batch |= {"target_row": torch.tensor([0, 0, 1, 2]), "target_pos": torch.tensor([3, 11, 6, 2]),
+              "target_item": torch.tensor([4, 9, 4, 7]),
+              "target_label": torch.tensor([1.0, 0.0, 1.0, 0.0]),
+              "target_log_dt": torch.tensor([0.5, 0.1, 2.0, 0.0])}
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    first = None
+    for _ in range(30):
+        losses = m(batch)
+        total = losses["next_item"] + losses["sale"]
+        assert torch.isfinite(total)
+        first = first if first is not None else float(total.detach())
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+    assert float(total) < first * 0.7
+
+
+def test_score_and_recommend():
+    m = model()
+    batch, lengths = make_batch()
+    states = m.encoder(batch)[torch.arange(3), lengths - 1]
+    full = m.score(states)
+    assert full.shape == (3, 50) and torch.isneginf(full[:, 0]).all()
+    some = m.score(states, torch.tensor([3, 4, 5]))
+    assert torch.allclose(some, full[:, 3:6], atol=1e-5)
+    per_row = m.score(states, torch.tensor([[3, 4], [5, 6], [7, 8]]))
+    assert torch.allclose(per_row[1], full[1, 5:7], atol=1e-5)
+    exclude = torch.zeros(3, 50, dtype=torch.bool)
+    top_item = full[0].argmax()
+    exclude[0, top_item] = True
+    _, items = m.recommend(states, k=5, exclude=exclude)
+    assert items.shape == (3, 5) and top_item not in items[0] and 0 not in items
+    p = m.p_sale(states, torch.tensor([1, 2, 3]))
+    assert ((p > 0) & (p < 1)).all()
+
+
+def test_unknown_head_is_refused():
+    with pytest.raises(ValueError, match="unknown heads"):
+        CTSM(SIZES, head_names=("next_item", "churn"))
