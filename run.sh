@@ -62,7 +62,7 @@ demo() {
     py -m spark_jobs.build_features --source "$source" --out "$data" --split leave-last-out \
         --master "local[2]" --overwrite
     echo "[demo] 2/5 train: horovodrun -np $NP (Gloo, CPU)"
-    hvdrun py -m hvd_ctsm.train --data "$data" --out "$model" ${CONFIG:+--config "$CONFIG"} "$@"
+    hvdrun "$VENV/bin/python" -m hvd_ctsm.train --data "$data" --out "$model" --config "${CONFIG:-default}" --overwrite "$@"
     echo "[demo] 3/5 + 4/5 backtest and gate"
     py -m hvd_ctsm.backtest --data "$data" --model "$model" --report "$model/backtest.json" \
         --gate "${GATE:-ndcg@10>=0.05}"
@@ -86,7 +86,7 @@ main() {
         test) run_tests "$@" ;;
         lint) ensure_setup; py -m ruff check . && py -m isort --check-only --diff . ;;
         features) ensure_setup; py -m spark_jobs.build_features "$@" ;;
-        train) ensure_setup; hvdrun py -m hvd_ctsm.train ${CONFIG:+--config "$CONFIG"} "$@" ;;
+        train) ensure_setup; hvdrun "$VENV/bin/python" -m hvd_ctsm.train ${CONFIG:+--config "$CONFIG"} "$@" ;;
         backtest) ensure_setup; py -m hvd_ctsm.backtest "$@" ;;
         deploy) ensure_setup; py -m hvd_ctsm.deploy "$@" ;;
         help | -h | --help) usage ;;
