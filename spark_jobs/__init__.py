@@ -1,0 +1,1 @@
+"""Spark jobs that build time-safe per-client sequences as Petastorm datasets."""

@@ -1,0 +1,270 @@
+"""The feature job: raw events -> validated, time-safe per-client sequences -> Petastorm datasets.
+
+    python -m spark_jobs.build_features --source movielens:PATH --out DIR --split leave-last-out
+    spark-submit spark_jobs/build_features.py --source synthetic:clients=1000,events=50000 --out DIR
+    build_features(spark, FeatureConfig(...))  # from a notebook with its own SparkSession
+
+Output: DIR/{train,validation,test} (Petastorm, hvd_ctsm.schema), DIR/vocab.json, DIR/metadata.json.
+The whole folder is built in a temporary sibling and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (spark-submit): make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+from pyspark import StorageLevel  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+import hvd_ctsm  # noqa: E402
+from hvd_ctsm.schema import SCHEMA_VERSION, SPLITS  # noqa: E402
+from spark_jobs import attributes, sequences, split, validate, vocab, write  # noqa: E402
+from spark_jobs.config import FeatureConfig, parse_time  # noqa: E402
+from spark_jobs.sources import load_source  # noqa: E402
+
+
+def code_version() -> str:
+    version = hvd_ctsm.__version__
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"{version}+{commit}" if commit else version
+
+
+def _validated(spark, config, source):
+    """(used events, counts); counts are checked against an independent count of the input."""
+    flagged = validate.flag_invalid(source.events, config.max_timestamp, config.rating_range)
+    counted = validate.count_copies(flagged).persist(StorageLevel.MEMORY_AND_DISK)
+    counts = validate.accounting(counted)
+    seen = source.events.count()
+    if seen != counts["input_rows"]:  # would be a bug in the accounting itself
+        raise RuntimeError(f"row accounting: {seen} input rows but {counts['input_rows']} counted")
+    if config.strict:
+        validate.raise_if_strict(counts)
+    used = validate.used_events(counted)
+    distinct = used.agg(
+        F.countDistinct("client_id").alias("c"), F.countDistinct("item_id").alias("i")
+    )
+    row = distinct.first()
+    counts.update(clients=row["c"], items=row["i"])
+    return used, counted, counts
+
+
+def _examples(config, source, used, vocabulary, n_used: int):
+    events = sequences.add_labels(vocab.index_items(used, vocabulary), config.label_min_rating)
+    names = list(vocabulary["attrs"])
+    indexed = None
+    if source.client_attrs is not None and names:
+        indexed = attributes.index_attrs(source.client_attrs, vocabulary["attrs"])
+    events = attributes.attach_attrs(events, indexed, names)
+    roles = split.assign_roles(events, config.split, config.cutoffs)
+    # ~10k events per pandas call: large enough to amortise its overhead, small in memory
+    buckets = min(4096, max(16, n_used // 10_000))
+    return sequences.build_examples(roles, config.max_len, len(names), buckets)
+
+
+def _split_stats(examples) -> dict:
+    """{split: Row(rows, targets)}; computing it materialises the persisted examples."""
+    rows = examples.groupBy("split").agg(
+        F.count(F.lit(1)).alias("rows"), F.sum("n_targets").alias("targets")
+    )
+    return {r["split"]: r for r in rows.collect()}
+
+
+def _write_splits(config, examples, stats: dict, stage: Path) -> tuple[dict, dict]:
+    names = list(sequences.unischema().fields)
+    splits, skipped = {}, {}
+    for name in SPLITS:
+        rows = stats[name]["rows"] if name in stats else 0
+        if rows == 0:
+            raise ValueError(f"split {name!r} has no examples (too little data or bad cutoffs?)")
+        data = examples.filter(F.col("split") == name).select(*names)
+        groups = write.write_petastorm(data, stage / name, rows, config.row_groups)
+        splits[name] = {
+            "rows": rows,
+            "targets": int(stats[name]["targets"]),
+            "row_groups": groups,
+            "path": name,
+        }
+        if name != "train":
+            skipped[name] = stats[f"{name}_skipped"]["rows"] if f"{name}_skipped" in stats else 0
+    return splits, skipped
+
+
+def _metadata(config, counts, vocabulary, splits, skipped, seconds) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "code_version": code_version(),
+        "source": config.source,
+        "split": {
+            "kind": config.split,
+            "cutoffs": list(config.cutoffs) if config.cutoffs else None,
+        },
+        "max_len": config.max_len,
+        "vocab": vocab.vocab_sizes(vocabulary),
+        "vocab_sha256": vocab.vocab_sha256(vocabulary),  # of vocab.json's bytes
+        "attrs": list(vocabulary["attrs"]),
+        "counts": {**counts, "clients_without_history": skipped},
+        "splits": splits,
+        "row_groups_requested": config.row_groups,
+        "label_min_rating": config.label_min_rating,
+        "max_timestamp": config.max_timestamp,
+        "rating_range": list(config.rating_range),
+        "previous_vocab": config.previous_vocab,
+        "extra": config.extra,
+        "seconds": round(seconds, 2),
+    }
+
+
+def build_features(spark, config: FeatureConfig) -> dict:
+    """Run the job in an existing SparkSession; returns the metadata (plus `out` and warnings)."""
+    start = last = time.time()
+    stages = {}
+
+    def lap(name):  # wall seconds per stage, kept in metadata for benchmarks
+        nonlocal last
+        stages[name], last = round(time.time() - last, 2), time.time()
+
+    out = Path(config.out)
+    stage = write.staging_dir(out, config.overwrite)
+    counted = examples = None
+    try:
+        source = load_source(spark, config)
+        used, counted, counts = _validated(spark, config, source)
+        lap("validate")
+        previous = vocab.load_vocab(config.previous_vocab)
+        vocabulary = vocab.build_vocab(used, source.item_attrs, source.client_attrs, previous)
+        lap("vocabulary")
+        examples = _examples(config, source, used, vocabulary, counts["used"]).persist(
+            StorageLevel.MEMORY_AND_DISK
+        )
+        stats = _split_stats(examples)
+        lap("examples")
+        splits, skipped = _write_splits(config, examples, stats, stage)
+        write.write_atomic(stage / "vocab.json", vocab.vocab_bytes(vocabulary))
+        lap("write")
+        meta = _metadata(config, counts, vocabulary, splits, skipped, time.time() - start)
+        meta["stage_seconds"] = stages
+        write.write_json_atomic(stage / "metadata.json", meta)
+        write.publish(stage, out)
+    except BaseException:
+        write.discard(stage)
+        raise
+    finally:
+        for frame in (counted, examples):
+            if frame is not None:
+                frame.unpersist()
+    few = {k: v["row_groups"] for k, v in splits.items() if v["row_groups"] < config.row_groups}
+    warnings = [
+        f"{k}: only {n} row groups (< {config.row_groups}): fewer rows than requested"
+        for k, n in few.items()
+    ]
+    return {**meta, "out": str(out), "warnings": warnings}
+
+
+def summary_table(summary: dict) -> str:
+    c = summary["counts"]
+    lines = [
+        f"{'rows in':<28}{c['input_rows']:>12,}",
+        f"{'used':<28}{c['used']:>12,}",
+        *[f"{'  rejected: ' + k:<28}{v:>12,}" for k, v in c["rejected"].items() if v],
+        f"{'rejected (total)':<28}{sum(c['rejected'].values()):>12,}",
+        f"{'clients':<28}{c['clients']:>12,}",
+        f"{'items':<28}{c['items']:>12,}",
+        *[
+            f"{'examples: ' + k:<28}{v['rows']:>12,}  targets {v['targets']:,}, "
+            f"row groups {v['row_groups']}"
+            for k, v in summary["splits"].items()
+        ],
+        *[f"{'  no history: ' + k:<28}{v:>12,}" for k, v in c["clients_without_history"].items()],
+        f"{'seconds':<28}{summary['seconds']:>12.1f}",
+    ]
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="hvd-ctsm-features", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--source", required=True, help="movielens:DIR | synthetic:k=v,... | events:PATH"
+    )
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--split", choices=("time", "leave-last-out"), default="leave-last-out")
+    p.add_argument("--cutoffs", help="T1,T2 (unix seconds or ISO dates) for --split time")
+    p.add_argument("--max-len", type=int, default=200, help="longest history (default 200)")
+    p.add_argument("--row-groups", type=int, default=64, help="least row groups per split")
+    p.add_argument("--label-min-rating", type=float, default=4.0)
+    p.add_argument("--rating-range", default="0,5", help="valid ratings LOW,HIGH (default 0,5)")
+    p.add_argument("--max-timestamp", help="latest valid timestamp (default: now + 1 day)")
+    p.add_argument("--client-attrs", help="client attributes table (events: sources)")
+    p.add_argument("--item-attrs", help="item attributes table (events: sources)")
+    p.add_argument("--previous-vocab", help="vocab.json of a previous run to extend")
+    p.add_argument("--strict", action="store_true", help="fail instead of rejecting rows")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting")
+    return p.parse_args(argv)
+
+
+def config_from_args(args) -> FeatureConfig:
+    low, high = (float(x) for x in args.rating_range.split(","))
+    return FeatureConfig(
+        source=args.source,
+        out=args.out,
+        split=args.split,
+        cutoffs=tuple(args.cutoffs.split(",")) if args.cutoffs else None,
+        max_len=args.max_len,
+        row_groups=args.row_groups,
+        label_min_rating=args.label_min_rating,
+        rating_range=(low, high),
+        max_timestamp=parse_time(args.max_timestamp) if args.max_timestamp else None,
+        client_attrs=args.client_attrs,
+        item_attrs=args.item_attrs,
+        previous_vocab=args.previous_vocab,
+        strict=args.strict,
+        overwrite=args.overwrite,
+    )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as err:
+        print(f"hvd-ctsm-features: bad arguments: {err}", file=sys.stderr)
+        return 2
+    from spark_jobs.session import get_spark
+
+    conf = dict(kv.split("=", 1) for kv in args.conf)
+    spark = get_spark(master=args.master, **conf)
+    try:
+        summary = build_features(spark, config)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        print(f"hvd-ctsm-features: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    print(summary_table(summary))
+    for warning in summary["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"wrote {summary['out']}")
+    return 0
+
+
+def cli() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,108 @@
+"""Typed configuration of the feature job (the CLI and notebooks build the same FeatureConfig)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+
+SPLIT_KINDS = ("time", "leave-last-out")
+
+
+def parse_time(text: str | int | float) -> int:
+    """Unix seconds from an int, a numeric string or an ISO date/datetime (UTC when naive)."""
+    if isinstance(text, int | float):
+        return int(text)
+    text = str(text).strip()
+    try:
+        return int(float(text))
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError as err:
+        raise ValueError(f"not unix seconds nor an ISO date: {text!r}") from err
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp())
+
+
+@dataclass
+class FeatureConfig:
+    """Everything the feature job needs; validated on construction."""
+
+    source: str
+    """Where events come from: `movielens:DIR`, `synthetic:clients=..,items=..,events=..,seed=..`
+    or `events:PATH` (Parquet or CSV file/folder)."""
+    out: str
+    """Output folder (OUT/train, OUT/validation, OUT/test, OUT/vocab.json, OUT/metadata.json)."""
+    split: str = "leave-last-out"
+    """`leave-last-out` (last event per client = test, the one before = validation) or `time`."""
+    cutoffs: tuple[int, int] | None = None
+    """(T1, T2) unix seconds for `split="time"`: train targets < T1 <= validation < T2 <= test."""
+    max_len: int = 200
+    """Longest history of one example (L)."""
+    row_groups: int = 64
+    """Least number of Parquet row groups per split (Petastorm shards by row group)."""
+    label_min_rating: float = 4.0
+    """A rating event is a positive label when its value is at least this."""
+    rating_range: tuple[float, float] = (0.0, 5.0)
+    """Valid rating values (inclusive); other ratings are rejected as out_of_range_value."""
+    max_timestamp: int | None = None
+    """Latest plausible timestamp; later ones are rejected as future_timestamp.
+    Default: the time the config is built plus one day."""
+    client_attrs: str | None = None
+    """Optional client attributes for `events:` sources: client_id, timestamp, one column each."""
+    item_attrs: str | None = None
+    """Optional item attributes for `events:` sources: item_id, category[, genres]."""
+    previous_vocab: str | None = None
+    """vocab.json of a previous run: known ids keep their index, new ones are appended."""
+    strict: bool = False
+    """Fail on any rejected row instead of counting it."""
+    overwrite: bool = False
+    """Replace an existing output folder (otherwise the job refuses to start)."""
+    extra: dict = field(default_factory=dict)
+    """Free-form notes copied into metadata.json (e.g. who ran it)."""
+
+    def __post_init__(self):
+        if not self.source or ":" not in self.source:
+            raise ValueError(f"source must look like KIND:SPEC, got {self.source!r}")
+        kind = self.source.split(":", 1)[0]
+        if kind not in ("movielens", "synthetic", "events"):
+            raise ValueError(f"unknown source kind {kind!r} (movielens, synthetic, events)")
+        if not self.out:
+            raise ValueError("out must name a folder")
+        if self.split not in SPLIT_KINDS:
+            raise ValueError(f"split must be one of {SPLIT_KINDS}, got {self.split!r}")
+        if self.split == "time":
+            if not self.cutoffs or len(self.cutoffs) != 2:
+                raise ValueError("split='time' needs cutoffs=(T1, T2)")
+            t1, t2 = (parse_time(t) for t in self.cutoffs)
+            if not t1 < t2:
+                raise ValueError(f"cutoffs must increase: {t1} >= {t2}")
+            self.cutoffs = (t1, t2)
+        elif self.cutoffs is not None:
+            raise ValueError("cutoffs only apply to split='time'")
+        if self.max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {self.max_len}")
+        if self.row_groups < 1:
+            raise ValueError(f"row_groups must be >= 1, got {self.row_groups}")
+        low, high = self.rating_range
+        if not low <= high:
+            raise ValueError(f"rating_range must be (low, high), got {self.rating_range}")
+        if self.max_timestamp is None:
+            self.max_timestamp = int(time.time()) + 86_400
+        if kind != "events" and (self.client_attrs or self.item_attrs):
+            raise ValueError("client_attrs/item_attrs only apply to events: sources")
+
+    @property
+    def source_kind(self) -> str:
+        return self.source.split(":", 1)[0]
+
+    @property
+    def source_spec(self) -> str:
+        return self.source.split(":", 1)[1]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

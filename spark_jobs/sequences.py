@@ -1,0 +1,228 @@
+"""Per-client examples exactly as hvd_ctsm/schema.py describes them, built in a grouped pandas UDF.
+
+`examples_of_client` is plain numpy on one client's events (unit-testable without Spark);
+`build_examples` hashes clients into buckets and runs it on every client of a bucket in one
+applyInPandas call, emitting rows already encoded as petastorm's codecs encode them (what
+dict_to_spark_row produces), plus two bookkeeping columns: `split` and `n_targets`. A client
+whose eval target has no earlier event gets a marker row (split "validation_skipped" or
+"test_skipped", no data) so the job can count it.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+from petastorm.codecs import NdarrayCodec
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from hvd_ctsm.schema import EVENT_TYPE_INDEX, log_hours, make_schema
+
+HISTORY = ("item", "event_type", "value", "timestamp", "log_gap", "client_attrs")
+EMPTY = np.zeros(0, np.int32)
+ROLES = {"train": 1, "validation": 2, "test": 3}  # role codes inside the UDF (0 = input only)
+_SCHEMA = None
+
+
+def unischema():
+    global _SCHEMA  # built once per Python worker: make_schema imports petastorm
+    if _SCHEMA is None:
+        _SCHEMA = make_schema()
+    return _SCHEMA
+
+
+def add_labels(events: DataFrame, label_min_rating: float) -> DataFrame:
+    """event_type -> EVENT_TYPE_INDEX, plus `label`: purchase 1, rating >= threshold, else 0."""
+    etype = F.col("event_type")
+    label = (
+        F.when(etype == "purchase", 1.0)
+        .when(etype == "rating", (F.col("value") >= label_min_rating).cast("float"))
+        .otherwise(0.0)
+    )
+    index = F.create_map(*[F.lit(x) for kv in EVENT_TYPE_INDEX.items() for x in kv])[etype]
+    return events.withColumn("label", label.cast("float")).withColumn(
+        "event_type", index.cast("int")
+    )
+
+
+def _sort_bucket(pdf: pd.DataFrame, n_attrs: int) -> dict:
+    """Column arrays of a bucket of clients, sorted by client then EVENT_ORDER (as in split.py)."""
+    client = pdf["client_id"].to_numpy(object)
+    codes = pd.factorize(client)[0]  # clients need only be contiguous, not sorted by name
+    order = np.lexsort(
+        (
+            pdf["value"].to_numpy(),
+            pdf["event_type"].to_numpy(),
+            pdf["item"].to_numpy(),
+            pdf["timestamp"].to_numpy(),
+            codes,
+        )
+    )  # lexsort's last key is the primary one
+    attrs = [pdf[f"attr{i}"].to_numpy(np.int32)[order] for i in range(n_attrs)]
+    return {
+        "client_id": client[order],
+        "item": pdf["item"].to_numpy(np.int32)[order],
+        "event_type": pdf["event_type"].to_numpy(np.int32)[order],
+        "value": pdf["value"].to_numpy(np.float32)[order],
+        "timestamp": pdf["timestamp"].to_numpy(np.int64)[order],
+        "client_attrs": (np.column_stack(attrs) if n_attrs else np.zeros((len(pdf), 0), np.int32)),
+        "label": pdf["label"].to_numpy(np.float32)[order],
+        "role": pdf["role"].to_numpy(np.int8)[order],
+    }
+
+
+def _client_view(bucket: dict, start: int, end: int) -> dict:
+    """One client's slice of a sorted bucket, plus log_gap and prev."""
+    ev = {name: values[start:end] for name, values in bucket.items() if name != "client_id"}
+    ts = ev["timestamp"]
+    ev["log_gap"] = log_hours(np.diff(ts, prepend=ts[:1]))
+    # last position strictly earlier in time: tied events never point at each other
+    ev["prev"] = np.searchsorted(ts, ts, side="left") - 1
+    return ev
+
+
+def _row(client_id, ev, start, end, targets, prior=EMPTY, everything=EMPTY) -> dict:
+    """One example: history = positions [start, end] of the client's events, `targets` indices."""
+    pos = ev["prev"][targets]
+    row = {name: ev[name][start : end + 1] for name in HISTORY}
+    row.update(
+        client_id=str(client_id),
+        history_len=np.int32(end + 1 - start),
+        target_pos=(pos - start).astype(np.int32),
+        target_item=ev["item"][targets],
+        target_label=ev["label"][targets],
+        target_time=ev["timestamp"][targets],
+        target_log_dt=log_hours(ev["timestamp"][targets] - ev["timestamp"][pos]),
+        prior_items=prior.astype(np.int32),
+        client_items=everything.astype(np.int32),
+    )
+    return row
+
+
+def examples_of_client(client_id, ev: dict, max_len: int) -> list[tuple[str, dict | None]]:
+    """[(split, example dict or None for a skipped eval client)] from one client's _client_view."""
+    out: list[tuple[str, dict | None]] = []
+    train = np.flatnonzero((ev["role"] == ROLES["train"]) & (ev["prev"] >= 0))
+    if len(train):
+        pos = ev["prev"][train]
+        last = int(pos.max())
+        window = (last - pos) // max_len  # windows end at `last` and go back in steps of L
+        for w in np.unique(window):
+            end = last - int(w) * max_len
+            start = max(0, end - max_len + 1)
+            out.append(("train", _row(client_id, ev, start, end, train[window == w])))
+    everything = np.unique(ev["item"])
+    for split in ("validation", "test"):
+        for j in np.flatnonzero(ev["role"] == ROLES[split]):
+            p = int(ev["prev"][j])
+            if p < 0:
+                out.append((f"{split}_skipped", None))
+                continue
+            prior = np.unique(ev["item"][: p + 1])
+            row = _row(client_id, ev, max(0, p - max_len + 1), p, np.array([j]), prior, everything)
+            out.append((split, row))
+    return out
+
+
+def bucket_examples(pdf: pd.DataFrame, n_attrs: int, max_len: int):
+    """Examples of every client in a bucket (one pandas call serves many clients: the per-call
+    overhead of grouped pandas UDFs is milliseconds, far more than one client's work)."""
+    bucket = _sort_bucket(pdf, n_attrs)
+    client = bucket["client_id"]
+    bounds = np.concatenate([[0], np.flatnonzero(client[1:] != client[:-1]) + 1, [len(client)]])
+    out = []
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end > start:
+            out += examples_of_client(client[start], _client_view(bucket, start, end), max_len)
+    return out
+
+
+def client_examples(client_id, pdf: pd.DataFrame, max_len: int) -> list[tuple[str, dict | None]]:
+    """One client's examples from a frame with role names and an `attrs` list column (tests)."""
+    n_attrs = len(pdf["attrs"].iloc[0]) if len(pdf) else 0
+    frame = pdf.drop(columns="attrs").assign(
+        client_id=client_id, role=pdf["role"].map(ROLES).fillna(0).astype(np.int8)
+    )
+    for i in range(n_attrs):
+        frame[f"attr{i}"] = [a[i] for a in pdf["attrs"]]
+    return bucket_examples(frame, n_attrs, max_len)
+
+
+def output_schema() -> T.StructType:
+    fields = [T.StructField("split", T.StringType()), T.StructField("n_targets", T.IntegerType())]
+    fields += [
+        T.StructField(f.name, f.dataType, True) for f in unischema().as_spark_schema().fields
+    ]
+    return T.StructType(fields)
+
+
+_HEADERS: dict = {}
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """Exactly petastorm's NdarrayCodec.encode (np.save bytes), with the header cached by dtype and
+    shape: np.save's header formatting dominates the cost for short arrays."""
+    array = np.ascontiguousarray(array)
+    key = (array.dtype.str, array.shape)
+    header = _HEADERS.get(key)
+    if header is None:
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        header = buffer.getvalue()[: buffer.tell() - array.nbytes]
+        if len(_HEADERS) < 100_000:
+            _HEADERS[key] = header
+    return header + array.tobytes()
+
+
+def encode_row(row: dict, fields: list) -> list:
+    """Field values in schema order, arrays encoded; dtypes and ranks checked like the codec."""
+    values = []
+    for field in fields:
+        value = row[field.name]
+        if isinstance(field.codec, NdarrayCodec):
+            if value.dtype != field.numpy_dtype or value.ndim != len(field.shape):
+                raise ValueError(f"{field.name}: {value.dtype}{value.shape} does not fit {field}")
+            value = npy_bytes(value)
+        else:
+            value = field.codec.encode(field, value)
+        values.append(value)
+    return values
+
+
+def encode_examples(examples: list[tuple[str, dict | None]]) -> pd.DataFrame:
+    fields = list(unischema().fields.values())
+    records = []
+    for split, row in examples:
+        if row is None:
+            records.append([split, 0] + [None] * len(fields))
+        else:
+            records.append([split, len(row["target_item"])] + encode_row(row, fields))
+    return pd.DataFrame(records, columns=["split", "n_targets"] + [f.name for f in fields])
+
+
+def build_examples(events: DataFrame, max_len: int, n_attrs: int, buckets: int) -> DataFrame:
+    """events (client_id, item, event_type, value, timestamp, label, role, attrs) -> rows.
+
+    Clients are hashed into `buckets` groups; each group is one pandas call."""
+    role = F.coalesce(
+        F.create_map(*[F.lit(x) for kv in ROLES.items() for x in kv])[F.col("role")], F.lit(0)
+    )
+    data = events.select(
+        "client_id",
+        "item",
+        "event_type",
+        "value",
+        "timestamp",
+        "label",
+        role.cast("byte").alias("role"),
+        *[F.col("attrs")[i].alias(f"attr{i}") for i in range(n_attrs)],
+        F.pmod(F.xxhash64("client_id"), F.lit(buckets)).alias("bucket"),
+    )
+
+    def per_bucket(pdf):
+        return encode_examples(bucket_examples(pdf, n_attrs, max_len))
+
+    return data.groupBy("bucket").applyInPandas(per_bucket, output_schema())

@@ -1,0 +1,54 @@
+"""A SparkSession with settings that suit the feature job on one machine or a cluster."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+DEFAULT_CONF = {
+    # The UI costs start-up time and a port; nobody looks at it in batch runs or tests.
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    # The default 200 shuffle partitions are far too many for local runs; AQE coalesces the rest.
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.driver.memory": "4g",
+    # ISO cutoffs and timestamps are read as UTC whatever the machine's zone is.
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Parquet writes with Hadoop's committer leave no _SUCCESS noise for Petastorm to trip on.
+    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+}
+
+
+def get_spark(master: str = "local[*]", app_name: str = "hvd_ctsm-features", **conf):
+    """Return the active SparkSession, or start one on `master` with DEFAULT_CONF plus `conf`.
+
+    Keys in `conf` may use underscores for dots (spark_sql_shuffle_partitions="4"). An active
+    session is reused as is (only runtime settings in `conf` are applied to it), so a notebook's
+    session keeps its own master and memory.
+    """
+    from pyspark.sql import SparkSession
+
+    settings = {**DEFAULT_CONF, **{_key(k): str(v) for k, v in conf.items()}}
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        for key, value in conf.items():
+            try:
+                active.conf.set(_key(key), str(value))
+            except Exception:  # static settings cannot change on a running session
+                pass
+        return active
+    # Python workers must run the interpreter of the driver (the virtual environment).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _key(name: str) -> str:
+    return name.replace("_", ".") if "." not in name else name

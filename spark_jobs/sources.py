@@ -1,0 +1,187 @@
+"""Source readers. Each returns raw events plus optional attribute tables in one canonical form:
+
+- events: client_id, item_id, timestamp, event_type, value (raw types; validate.py parses them)
+- client_attrs: long form client_id (string), timestamp (long, null = known from the start),
+  name, value (string)
+- item_attrs: item_id (string), category (string), genres (string, "|"-separated)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark_jobs.attributes import wide_to_long
+from spark_jobs.synthetic import SyntheticParams, synthetic_source
+from spark_jobs.validate import SchemaError, check_columns
+
+ML_GENRES = (
+    "unknown",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
+)
+# MovieLens 1M's age groups, applied to 100K's exact ages.
+AGE_BUCKETS = (
+    (18, "under 18"),
+    (25, "18-24"),
+    (35, "25-34"),
+    (45, "35-44"),
+    (50, "45-49"),
+    (56, "50-55"),
+    (200, "56+"),
+)
+
+
+@dataclass
+class Source:
+    events: DataFrame
+    client_attrs: DataFrame | None = None
+    item_attrs: DataFrame | None = None
+
+
+def age_bucket(age: int) -> str:
+    return next(label for limit, label in AGE_BUCKETS if age < limit)
+
+
+def movielens(spark, folder: str) -> Source:
+    """MovieLens 100K: u.data ratings; u.user (age bucket, gender, occupation); u.item genres.
+
+    u.user has no dates, so its attributes are known from the start (null timestamp). The item
+    category is the first genre flagged in u.item ("unknown" when none is); genres lists them all.
+    """
+    root = Path(folder)
+    if not (root / "u.data").exists():
+        raise FileNotFoundError(f"MovieLens 100K: no u.data in {root}")
+    events = (
+        spark.read.csv(
+            str((root / "u.data").resolve()),
+            sep="\t",
+            schema="client_id string, item_id string, value string, timestamp string",
+        )
+        .withColumn("event_type", F.lit("rating"))
+        .select("client_id", "item_id", "timestamp", "event_type", "value")
+    )
+    users = pd.read_csv(
+        root / "u.user",
+        sep="|",
+        header=None,
+        dtype=str,
+        names=["client_id", "age", "gender", "occupation", "zip"],
+    )
+    users["age_bucket"] = users["age"].astype(int).map(age_bucket)
+    long = users.melt(
+        id_vars="client_id",
+        value_vars=["age_bucket", "gender", "occupation"],
+        var_name="name",
+        value_name="value",
+    )
+    client_attrs = spark.createDataFrame(
+        long.assign(timestamp=None)[["client_id", "timestamp", "name", "value"]],
+        "client_id string, timestamp long, name string, value string",
+    )
+    items = pd.read_csv(
+        root / "u.item",
+        sep="|",
+        header=None,
+        dtype=str,
+        encoding="latin-1",
+        names=["item_id", "title", "release", "video", "url", *ML_GENRES],
+    )
+    flags = items[list(ML_GENRES)].astype(int).to_numpy().astype(bool)
+    genres = [
+        "|".join(g for g, on in zip(ML_GENRES, row, strict=True) if on) or "unknown"
+        for row in flags
+    ]
+    item_attrs = spark.createDataFrame(
+        pd.DataFrame(
+            {
+                "item_id": items["item_id"],
+                "category": [g.split("|")[0] for g in genres],
+                "genres": genres,
+            }
+        ),
+        "item_id string, category string, genres string",
+    )
+    return Source(events, client_attrs, item_attrs)
+
+
+def read_table(spark, path: str) -> DataFrame:
+    """Parquet (file or folder) as typed; CSV with a header, every column read as a string."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no such file or folder: {path}")
+    csv = p.suffix.lower() in (".csv", ".tsv") or (p.is_dir() and any(p.glob("*.csv")))
+    if csv:
+        return spark.read.csv(
+            str(p.resolve()),
+            header=True,
+            inferSchema=False,
+            sep="\t" if p.suffix.lower() == ".tsv" else ",",
+        )
+    return spark.read.parquet(str(p.resolve()))
+
+
+def client_attrs_table(spark, path: str) -> DataFrame:
+    """client_id, timestamp and one column per attribute (null = unchanged) -> long form."""
+    df = read_table(spark, path)
+    for column in ("client_id", "timestamp"):
+        if column not in df.columns:
+            raise SchemaError(f"client attributes: missing column {column!r} (has: {df.columns})")
+    names = [c for c in df.columns if c not in ("client_id", "timestamp")]
+    if not names:
+        raise SchemaError("client attributes: no attribute columns besides client_id, timestamp")
+    ts = F.col("timestamp")
+    if dict(df.dtypes)["timestamp"] == "string":  # unix seconds or ISO dates
+        ts = F.coalesce(ts.cast("double").cast("long"), F.to_timestamp(ts).cast("long"))
+    return wide_to_long(df.withColumn("timestamp", ts.cast("long")), names)
+
+
+def item_attrs_table(spark, path: str) -> DataFrame:
+    df = read_table(spark, path)
+    for column in ("item_id", "category"):
+        if column not in df.columns:
+            raise SchemaError(f"item attributes: missing column {column!r} (has: {df.columns})")
+    genres = (
+        F.col("genres").cast("string") if "genres" in df.columns else F.lit(None).cast("string")
+    )
+    return df.select(
+        F.col("item_id").cast("string").alias("item_id"),
+        F.col("category").cast("string").alias("category"),
+        genres.alias("genres"),
+    )
+
+
+def load_source(spark, config) -> Source:
+    kind, spec = config.source_kind, config.source_spec
+    if kind == "movielens":
+        return movielens(spark, spec)
+    if kind == "synthetic":
+        events, client_attrs, item_attrs = synthetic_source(spark, SyntheticParams.parse(spec))
+        return Source(events, client_attrs, item_attrs)
+    events = read_table(spark, spec)
+    check_columns(events)
+    return Source(
+        events,
+        client_attrs_table(spark, config.client_attrs) if config.client_attrs else None,
+        item_attrs_table(spark, config.item_attrs) if config.item_attrs else None,
+    )

@@ -1,0 +1,120 @@
+"""Vocabularies: raw ids to dense indices (0 = padding/unknown), stable across retrains.
+
+New ids are appended in order of decreasing frequency (ties by id) so that a model warm-started
+from a previous run keeps every known row of its embedding tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+PAD = "<pad>"
+UNKNOWN = "<unknown>"
+
+
+def extend_vocab(previous: list[str] | None, counts: dict[str, int], head: str) -> list[str]:
+    """Previous entries keep their index; unseen keys follow by decreasing count, then key."""
+    vocab = list(previous) if previous else [head]
+    if vocab[0] != head:
+        raise ValueError(f"a previous vocabulary must start with {head!r}, got {vocab[0]!r}")
+    known = set(vocab)
+    fresh = sorted((k for k in counts if k not in known), key=lambda k: (-counts[k], k))
+    return vocab + fresh
+
+
+def value_counts(df: DataFrame, column: str) -> dict[str, int]:
+    rows = df.filter(F.col(column).isNotNull()).groupBy(column).count().collect()
+    return {r[column]: r["count"] for r in rows}
+
+
+def load_vocab(path: str | None) -> dict | None:
+    if not path:
+        return None
+    vocab = json.loads(Path(path).read_text())
+    for key in ("items", "categories", "item_category", "attrs"):
+        if key not in vocab:
+            raise ValueError(f"previous vocabulary {path} has no {key!r}")
+    return vocab
+
+
+def build_vocab(events: DataFrame, item_attrs, client_attrs, previous: dict | None) -> dict:
+    """vocab.json content: items, categories, item_category and client attribute values.
+
+    events: validated events (item_id); item_attrs: item_id, category (or None);
+    client_attrs: long form client_id, timestamp, name, value (or None).
+    """
+    previous = previous or {}
+    items = extend_vocab(previous.get("items"), value_counts(events, "item_id"), PAD)
+    category_of = {}
+    if item_attrs is not None:
+        rows = item_attrs.filter(F.col("category").isNotNull()).select("item_id", "category")
+        category_of = {r["item_id"]: r["category"] for r in rows.collect()}
+    old_item_cat = dict(
+        zip(previous.get("items", []), previous.get("item_category", []), strict=False)
+    )
+    old_cats = previous.get("categories")
+    used_cats = {}
+    for item in items[1:]:
+        if item in category_of:
+            used_cats[category_of[item]] = used_cats.get(category_of[item], 0) + 1
+    categories = extend_vocab(old_cats, used_cats, PAD)
+    cat_index = {c: i for i, c in enumerate(categories)}
+    item_category = [0]
+    for item in items[1:]:
+        if item in category_of:
+            item_category.append(cat_index[category_of[item]])
+        else:  # an item absent from this run's attributes keeps its old category
+            item_category.append(old_item_cat.get(item, 0))
+    attrs = dict(previous.get("attrs", {}))
+    if client_attrs is not None:
+        counts = client_attrs.groupBy("name", "value").count().collect()
+        by_name: dict[str, dict[str, int]] = {}
+        for r in counts:
+            if r["value"] is not None:
+                by_name.setdefault(r["name"], {})[r["value"]] = r["count"]
+        for name in sorted(by_name):
+            attrs[name] = extend_vocab(attrs.get(name), by_name[name], UNKNOWN)
+    return {
+        "items": items,
+        "categories": categories,
+        "item_category": item_category,
+        "attrs": attrs,
+    }
+
+
+def vocab_bytes(vocab: dict) -> bytes:
+    """The exact bytes of vocab.json (so `sha256sum vocab.json` equals vocab_sha256)."""
+    return (json.dumps(vocab, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def vocab_sha256(vocab: dict) -> str:
+    return hashlib.sha256(vocab_bytes(vocab)).hexdigest()
+
+
+def vocab_sizes(vocab: dict) -> dict:
+    return {
+        "items": len(vocab["items"]),
+        "categories": len(vocab["categories"]),
+        "attrs": {name: len(values) for name, values in vocab["attrs"].items()},
+    }
+
+
+def index_frame(spark, values: list[str], key: str, index: str) -> DataFrame:
+    """(key, index) rows for the non-padding entries, for joins that map raw ids to indices."""
+    return spark.createDataFrame(
+        [(v, i) for i, v in enumerate(values) if i > 0], f"{key} string, {index} int"
+    )
+
+
+def index_items(events: DataFrame, vocab: dict) -> DataFrame:
+    """Replace item_id by its vocabulary index `item` (every used item is in the vocabulary)."""
+    spark = events.sparkSession
+    items = index_frame(spark, vocab["items"], "item_id", "item")
+    if len(vocab["items"]) < 2_000_000:  # small enough to ship to every task
+        items = F.broadcast(items)
+    return events.join(items, "item_id").drop("item_id")

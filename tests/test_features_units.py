@@ -1,0 +1,145 @@
+"""Unit tests of the feature job's pure functions (pandas/numpy ones need no Spark)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hvd_ctsm.schema import EVENT_TYPE_INDEX, log_hours
+from spark_jobs.config import FeatureConfig, parse_time
+from spark_jobs.sequences import client_examples
+from spark_jobs.vocab import extend_vocab
+
+
+def client_frame(ts, roles, items=None, n_attrs=1):
+    n = len(ts)
+    items = items if items is not None else list(range(1, n + 1))
+    return pd.DataFrame(
+        {
+            "item": np.array(items, np.int32),
+            "event_type": np.full(n, EVENT_TYPE_INDEX["rating"], np.int32),
+            "value": np.full(n, 4.0),
+            "timestamp": np.array(ts, np.int64),
+            "label": np.ones(n, np.float32),
+            "role": roles,
+            "attrs": [np.arange(n_attrs, dtype=np.int32) + i for i in range(n)],
+        }
+    )
+
+
+def assert_time_safe(row):
+    for pos, t in zip(row["target_pos"], row["target_time"], strict=True):
+        assert (row["timestamp"][: pos + 1] < t).all()
+    assert (np.diff(row["timestamp"]) >= 0).all()
+
+
+def test_training_windows_end_at_last_needed_position():
+    ts = list(range(0, 1000, 100))  # 10 events, distinct times
+    roles = ["train"] * 8 + ["validation", "test"]
+    out = client_examples("c", client_frame(ts, roles), max_len=3)
+    train = [r for s, r in out if s == "train"]
+    # targets are events 1..7 with target_pos 0..6; last needed input = 6; windows [4,6] [1,3] [0,0]
+    spans = sorted((int(r["timestamp"][0]), r["history_len"]) for r in train)
+    assert spans == [(0, 1), (100, 3), (400, 3)]
+    assert sum(len(r["target_item"]) for r in train) == 7
+    for r in train:
+        assert_time_safe(r)
+        assert len(r["prior_items"]) == 0 and len(r["client_items"]) == 0
+        assert r["client_attrs"].shape == (r["history_len"], 1)
+    latest = max(train, key=lambda r: r["timestamp"][0])
+    assert list(latest["target_pos"]) == [0, 1, 2] and list(latest["target_item"]) == [6, 7, 8]
+
+
+def test_eval_rows_one_target_last_l_events_and_item_sets():
+    ts = [0, 10, 20, 30, 40]
+    items = [5, 6, 5, 7, 8]
+    out = dict(
+        client_examples("c", client_frame(ts, ["train"] * 3 + ["validation", "test"], items), 2)
+    )
+    test = out["test"]
+    assert list(test["timestamp"]) == [20, 30] and list(test["target_pos"]) == [1]
+    assert list(test["target_item"]) == [8]
+    assert list(test["prior_items"]) == [5, 6, 7]
+    assert list(test["client_items"]) == [5, 6, 7, 8]
+    np.testing.assert_allclose(test["target_log_dt"], log_hours([10]))
+    np.testing.assert_allclose(test["log_gap"], log_hours([10, 10]))
+    assert list(out["validation"]["prior_items"]) == [5, 6]
+
+
+def test_tied_timestamps_never_leak():
+    ts = [0, 50, 50, 50, 90, 90]
+    out = client_examples("c", client_frame(ts, ["train"] * 4 + ["validation", "test"]), 200)
+    rows = dict((s, r) for s, r in out if s != "train")
+    train = [r for s, r in out if s == "train"]
+    assert sum(len(r["target_pos"]) for r in train) == 3  # events 1, 2, 3 all predicted from 0
+    assert list(train[0]["target_pos"]) == [0, 0, 0]
+    # validation and test share a time: test's history stops before both
+    assert list(rows["test"]["timestamp"]) == [0, 50, 50, 50]
+    assert list(rows["validation"]["timestamp"]) == [0, 50, 50, 50]
+    for r in [*train, *rows.values()]:
+        assert_time_safe(r)
+
+
+def test_client_with_no_earlier_event_is_skipped():
+    out = client_examples("c", client_frame([7, 7], ["validation", "test"]), 10)
+    assert out == [("validation_skipped", None), ("test_skipped", None)]
+
+
+def test_extend_vocab_keeps_old_indices_and_appends_by_frequency():
+    old = ["<pad>", "b", "a"]
+    new = extend_vocab(old, {"a": 1, "c": 5, "d": 9, "e": 5}, "<pad>")
+    assert new == ["<pad>", "b", "a", "d", "c", "e"]
+    with pytest.raises(ValueError):
+        extend_vocab(["x"], {}, "<pad>")
+
+
+def test_config_validation_and_time_parsing():
+    assert parse_time("1970-01-02") == 86400
+    assert parse_time("86400") == 86400
+    cfg = FeatureConfig(
+        source="movielens:x", out="o", split="time", cutoffs=("1970-01-02", "200000")
+    )
+    assert cfg.cutoffs == (86400, 200000)
+    for bad in (
+        dict(split="time"),
+        dict(split="time", cutoffs=(5, 3)),
+        dict(split="random"),
+        dict(max_len=0),
+        dict(row_groups=0),
+        dict(source="kafka:x"),
+        dict(cutoffs=(1, 2)),
+    ):
+        with pytest.raises(ValueError):
+            FeatureConfig(**{"source": "movielens:x", "out": "o", **bad})
+
+
+def test_fast_encoding_matches_petastorm_codecs():
+    from petastorm.unischema import dict_to_spark_row
+
+    from spark_jobs.sequences import encode_row, npy_bytes, unischema
+
+    for array in (
+        np.arange(5, dtype=np.int32),
+        np.zeros((3, 0), np.int32),
+        np.ones((4, 3), np.int32),
+        np.zeros(0, np.float32),
+        np.arange(7, dtype=np.int64),
+    ):
+        assert npy_bytes(array) == npy_bytes(array.copy())
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        assert npy_bytes(array) == buffer.getvalue()
+    ts = [0, 10, 20, 30]
+    rows = client_examples("c9", client_frame(ts, ["train", "train", "validation", "test"]), 200)
+    schema = unischema()
+    for _, row in rows:
+        expected = [
+            bytes(v) if isinstance(v, bytearray) else v for v in dict_to_spark_row(schema, row)
+        ]
+        assert encode_row(row, list(schema.fields.values())) == expected
+    bad = dict(rows[0][1], item=rows[0][1]["item"].astype(np.int64))
+    with pytest.raises(ValueError, match="item"):
+        encode_row(bad, list(schema.fields.values()))

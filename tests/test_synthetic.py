@@ -1,0 +1,91 @@
+"""The synthetic source: deterministic by seed, exact size, and with structure worth learning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from spark_jobs import synthetic as syn
+from spark_jobs.synthetic import SyntheticParams, generate_events_part
+
+SMALL = "clients=400,items=300,events=12000,seed=7,parts=3"
+
+
+def consecutive(df: pd.DataFrame):
+    d = df.sort_values(["client_id", "timestamp"], kind="stable")
+    same = d["client_id"].to_numpy()[1:] == d["client_id"].to_numpy()[:-1]
+    items = d["item_id"].to_numpy()
+    return items[:-1][same], items[1:][same]
+
+
+def test_parse_and_validation():
+    p = SyntheticParams.parse(SMALL)
+    assert (p.clients, p.items, p.events, p.seed, p.n_parts) == (400, 300, 12000, 7, 3)
+    assert SyntheticParams.parse("events=10000000,clients=100000").n_parts == 40
+    with pytest.raises(ValueError):
+        SyntheticParams.parse("users=3")
+    with pytest.raises(ValueError):
+        SyntheticParams.parse("clients=10,events=5")
+
+
+def test_deterministic_by_seed_and_exact_size():
+    p = SyntheticParams.parse(SMALL)
+    parts = [generate_events_part(p, i) for i in range(p.n_parts)]
+    assert sum(len(x) for x in parts) == p.events
+    again = generate_events_part(p, 1)
+    pd.testing.assert_frame_equal(parts[1], again)
+    other = generate_events_part(SyntheticParams.parse(SMALL.replace("seed=7", "seed=8")), 1)
+    assert not parts[1]["item_id"].equals(other["item_id"])
+    attrs = syn.generate_attrs_part(p, 0)
+    pd.testing.assert_frame_equal(attrs, syn.generate_attrs_part(p, 0))
+    assert set(attrs["name"]) == {"region", "tier"}
+    tier = attrs[attrs["name"] == "tier"]
+    assert tier.groupby("client_id").size().max() > 1  # tiers change over time
+
+
+def test_planted_series_structure_beats_popularity():
+    p = SyntheticParams.parse(SMALL)
+    df = pd.concat([generate_events_part(p, i) for i in range(p.n_parts)])
+    prev, nxt = consecutive(df)
+    catalog = syn.item_catalog(p).set_index("item_id")
+    series = catalog["series"]
+    same_series = (
+        series.loc[prev].to_numpy() == series.loc[np.minimum(prev + 1, p.items)].to_numpy()
+    )
+    # "next item of the series" is right far more often than the most popular item
+    successor_hits = np.mean((nxt == prev + 1) & same_series)
+    popular_hits = np.mean(nxt == df["item_id"].value_counts().index[0])
+    assert successor_hits > 0.35 and successor_hits > 10 * popular_hits
+    # popularity is skewed (power law): the top 10% of items take a large share of events
+    counts = np.sort(df["item_id"].value_counts().to_numpy())[::-1]
+    assert counts[: len(counts) // 10].sum() > 0.35 * counts.sum()
+    assert np.all(np.diff(df.groupby("client_id")["timestamp"].apply(np.array).iloc[0]) >= 0)
+
+
+def test_taste_drift_changes_categories():
+    p = SyntheticParams.parse(SMALL)
+    df = generate_events_part(p, 0)
+    catalog = syn.item_catalog(p).set_index("item_id")
+    df["category"] = catalog.loc[df["item_id"], "category"].to_numpy()
+    size = df.groupby("client_id")["item_id"].transform("size")
+    by_client = df[size >= 60].sort_values("timestamp").groupby("client_id")["category"]
+    early = by_client.apply(lambda c: c.iloc[: len(c) // 3].mode().iloc[0])
+    late = by_client.apply(lambda c: c.iloc[-(len(c) // 3) :].mode().iloc[0])
+    assert len(early) >= 10
+    assert (early != late).mean() > 0.2  # tastes move for a good share of clients
+
+
+@pytest.mark.spark
+def test_spark_generation_matches_numpy_and_is_deterministic(spark):
+    p = SyntheticParams.parse(SMALL)
+    events, attrs, items = syn.synthetic_source(spark, p)
+    first = events.toPandas().sort_values(["client_id", "timestamp", "item_id"], ignore_index=True)
+    second = syn.synthetic_source(spark, p)[0].toPandas()
+    second = second.sort_values(["client_id", "timestamp", "item_id"], ignore_index=True)
+    pd.testing.assert_frame_equal(first, second)
+    local = pd.concat([generate_events_part(p, i) for i in range(p.n_parts)])
+    local = local.sort_values(["client_id", "timestamp", "item_id"], ignore_index=True)
+    pd.testing.assert_frame_equal(first, local, check_dtype=False)
+    assert first["client_id"].nunique() == p.clients
+    assert items.count() == p.items and attrs.count() > p.clients
