@@ -2,7 +2,8 @@
 # hvd_ctsm: one entry point for every step. `./run.sh help` lists them.
 #
 # Knobs (environment): NP (Horovod ranks, default 2), CONFIG (trainer YAML preset),
-# VENV (default .venv), WORK (where demo writes, default runs/demo), DATA (events source).
+# VENV (default .venv), WORK (where demo writes, default runs/demo), DATA (the demo's events
+# source), EPOCHS (the demo's epochs, default 4), GATE (the demo's deploy gate).
 # Extra arguments are passed on to the step's program.
 set -euo pipefail
 
@@ -57,12 +58,13 @@ hvdrun() {
 demo() {
     ensure_setup
     local data=$WORK/features model=$WORK/model registry=$WORK/registry
-    local source=${DATA:-synthetic:clients=2000,items=500,events=120000,seed=7}
+    local source=${DATA:-synthetic:clients=1200,items=300,events=60000,seed=7}
     echo "[demo] 1/5 features: $source -> $data"
     py -m spark_jobs.build_features --source "$source" --out "$data" --split leave-last-out \
         --master "local[2]" --overwrite
     echo "[demo] 2/5 train: horovodrun -np $NP (Gloo, CPU)"
-    hvdrun "$VENV/bin/python" -m hvd_ctsm.train --data "$data" --out "$model" --config "${CONFIG:-default}" --overwrite "$@"
+    hvdrun "$VENV/bin/python" -m hvd_ctsm.train --data "$data" --out "$model" --config "${CONFIG:-default}" \
+        --overwrite "epochs=${EPOCHS:-4}" "$@"
     echo "[demo] 3/5 + 4/5 backtest and gate"
     py -m hvd_ctsm.backtest --data "$data" --model "$model" --report "$model/backtest.json" \
         --gate "${GATE:-ndcg@10>=0.05}"
