@@ -3,7 +3,7 @@
 #
 # Knobs (environment): NP (Horovod ranks, default 2), CONFIG (trainer YAML preset),
 # VENV (default .venv), WORK (where demo writes, default runs/demo), DATA (the demo's events
-# source), EPOCHS (the demo's epochs, default 4), GATE (the demo's deploy gate).
+# source), EPOCHS (the demo's epochs, default 6), GATE (the demo's deploy gate).
 # Extra arguments are passed on to the step's program.
 set -euo pipefail
 
@@ -64,7 +64,7 @@ demo() {
         --master "local[2]" --overwrite
     echo "[demo] 2/5 train: horovodrun -np $NP (Gloo, CPU)"
     hvdrun "$VENV/bin/python" -m hvd_ctsm.train --data "$data" --out "$model" --config "${CONFIG:-default}" \
-        --overwrite "epochs=${EPOCHS:-4}" "$@"
+        --overwrite "epochs=${EPOCHS:-6}" "$@"
     echo "[demo] 3/5 + 4/5 backtest and gate"
     py -m hvd_ctsm.backtest --data "$data" --model "$model" --report "$model/backtest.json" \
         --gate "${GATE:-ndcg@10>=0.05}"

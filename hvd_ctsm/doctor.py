@@ -189,8 +189,12 @@ def check_petastorm() -> Check:
         with materialize_dataset(spark, url, schema, row_group_size_mb=1):
             spark.createDataFrame(rows, schema.as_spark_schema()).coalesce(2) \
                 .write.mode("overwrite").parquet(url)
-        with make_reader(url, workers_count=1) as reader:
+        reader = make_reader(url, reader_pool_type="dummy")
+        try:
             got = {int(r.id): r.seq.tolist() for r in reader}
+        finally:  # not `with`: its exit prints "Cache cleanup complete."
+            reader.stop()
+            reader.join()
     ok = got == {i: list(map(float, range(i))) for i in range(1, 9)}
     return Check("petastorm round trip", ok, "8 rows written and read back" if ok else
                  f"read back {len(got)} rows, contents differ",
