@@ -109,7 +109,7 @@ class DistConfig:
     backward_passes_per_step: int = 1
     """Micro-batches accumulated locally before one allreduce and optimizer step."""
     op: str = "average"
-    """How gradients are combined: 'average' or 'adasum'."""
+    """How gradients are combined: 'average' or 'adasum' (Adasum needs the MPI controller)."""
     gradient_predivide_factor: float = 1.0
     """Divide gradients by this before the sum and by size/this after (fp16 overflow guard)."""
     fusion_threshold_mb: float | None = None

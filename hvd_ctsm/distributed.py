@@ -119,6 +119,9 @@ def distributed_optimizer(
 ) -> torch.optim.Optimizer:
     """Wrap the optimizer so that step() averages (or Adasum-combines) gradients across ranks."""
     hvd = _horovod()
+    if op == "adasum" and not hvd.mpi_enabled():
+        raise ValueError("dist.op=adasum needs Horovod's MPI controller (it has no Adasum over "
+                         "Gloo): launch with `horovodrun --mpi` or mpirun")
     compressions = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
     ops = {"average": hvd.Average, "adasum": hvd.Adasum, "sum": hvd.Sum}
     return hvd.DistributedOptimizer(

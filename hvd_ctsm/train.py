@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import sys
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -121,13 +122,17 @@ def optimizer_step(run: Run, batches, autocast, scaler) -> dict:
             scaler.scale(loss / micro).backward()
         for k, v in head_losses.items():
             losses[k] = losses.get(k, 0.0) + v.item() / micro
-    with timer("allreduce"):
-        run.optimizer.synchronize()  # waits until the gradient allreduce has finished
+    # Horovod's Adasum optimizer combines updates inside step() and cannot skip that: its
+    # communication is timed as "step" and clipping applies to the local gradients.
+    adasum = cfg.dist.op == "adasum"
+    if not adasum:
+        with timer("allreduce"):
+            run.optimizer.synchronize()  # waits until the gradient allreduce has finished
     with timer("step"):
         scaler.unscale_(run.optimizer)
         if cfg.optim.clip_grad_norm:
             torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.clip_grad_norm)
-        with run.optimizer.skip_synchronize():
+        with nullcontext() if adasum else run.optimizer.skip_synchronize():
             scaler.step(run.optimizer)
         scaler.update()
         run.optimizer.zero_grad()  # Horovod's takes no set_to_none

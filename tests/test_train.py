@@ -20,11 +20,11 @@ SMALL = ["data.batch_size=16", "model.dim=32", "model.layers=1", "model.dropout=
          "optim.lr=0.005", "optim.warmup_steps=5", "log_every_steps=2", "progress=false"]
 
 
-def run_trainer(data, out, *extra, np_=1, check=True):
+def run_trainer(data, out, *extra, np_=1, check=True, transport="gloo"):
     cmd = [sys.executable, "-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out),
            *SMALL, *extra]
     if np_ > 1:
-        cmd = [HOROVODRUN, "-np", str(np_), "--gloo", *cmd]
+        cmd = [HOROVODRUN, "-np", str(np_), f"--{transport}", *cmd]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if check:
@@ -86,3 +86,23 @@ def test_a_dataset_of_another_schema_version_stops_before_training(tiny_features
     assert proc.returncode != 0
     assert "schema version 0, this trainer reads 1" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("transport, knobs", [
+    ("gloo", ["dist.backward_passes_per_step=2", "dist.compression=fp16",
+              "dist.fusion_threshold_mb=1", "dist.cycle_time_ms=5", "data.batch_size=8"]),
+    ("mpi", ["dist.op=adasum"]),
+])
+def test_distributed_knobs_train_in_sync(tiny_features, tmp_path, transport, knobs):
+    out = tmp_path / "run"
+    run_trainer(tiny_features, out, "--epochs", "1", *knobs, np_=2, transport=transport)
+    summary = json.loads((out / "train_summary.json").read_text())
+    checksums = summary["parameter_checksums"]
+    assert summary["steps"] == summary["steps_per_epoch"] > 0
+    assert len(checksums) == 2 and checksums[0] == checksums[1]
+
+
+def test_adasum_over_gloo_stops_with_a_clear_error(tiny_features, tmp_path):
+    proc = run_trainer(tiny_features, tmp_path / "run", "dist.op=adasum", np_=2, check=False)
+    assert proc.returncode != 0
+    assert "needs Horovod's MPI controller" in proc.stdout + proc.stderr
