@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from hvd_ctsm.checkpoint import atomic_write_bytes, load_state
+from hvd_ctsm.atomic import atomic_write_bytes
+from hvd_ctsm.checkpoint import load_state
 from hvd_ctsm.data import eval_batches, read_metadata, split_url
 from hvd_ctsm.evaluate import Popularity, evaluate, model_scorer
 from hvd_ctsm.model import CTSM, ModelSizes

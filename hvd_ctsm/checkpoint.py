@@ -14,10 +14,11 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+
+from hvd_ctsm.atomic import atomic_write_bytes, fsync_dir
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"^step-(\d{9})\.pt$")
@@ -25,31 +26,6 @@ NAME = re.compile(r"^step-(\d{9})\.pt$")
 
 class CheckpointError(RuntimeError):
     pass
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write data to path so that path is never seen half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def save_state(path: Path, state: dict) -> str:
@@ -113,7 +89,7 @@ class CheckpointManager:
         shutil.copyfile(f"{src}.sha256", f"{tmp}.sha256")
         os.replace(f"{tmp}.sha256", f"{dst}.sha256")
         os.replace(tmp, dst)
-        _fsync_dir(dst.parent)
+        fsync_dir(dst.parent)
 
     def load_latest(self) -> dict | None:
         """The newest checkpoint that loads cleanly; older ones are tried after a warning."""

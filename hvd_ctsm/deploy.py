@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.backtest import model_file
-from hvd_ctsm.checkpoint import atomic_write_bytes
 
 
 class DeployRefused(RuntimeError):

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from hvd_ctsm import distributed as dist
-from hvd_ctsm.checkpoint import CheckpointManager, atomic_write_bytes, save_state
+from hvd_ctsm.atomic import atomic_write_bytes
+from hvd_ctsm.checkpoint import CheckpointManager, save_state
 from hvd_ctsm.config import TrainConfig, load_config, save_config, to_dict
 from hvd_ctsm.data import (EpochPlan, eval_batches, plan_epoch, prefetch, read_metadata, split_url,
                            train_batches)

@@ -16,6 +16,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
+from hvd_ctsm.atomic import atomic_write_bytes
+
 ROW_GROUP_SIZE_MB = 32  # big partitions get several row groups: more shards, never fewer
 
 
@@ -53,10 +55,8 @@ def write_petastorm(df: DataFrame, path: Path, n_rows: int, row_groups: int) -> 
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Readers never see half a file: write a temporary sibling, then rename over the target."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Readers never see half a file (temp file, fsync, rename: hvd_ctsm.atomic)."""
+    atomic_write_bytes(path, data)
 
 
 def write_json_atomic(path: Path, content: dict) -> None:
