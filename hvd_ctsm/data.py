@@ -159,8 +159,11 @@ def open_reader(url: str, rank: int, size: int, seed: int | None, shuffle: bool)
     """
     from petastorm import make_reader
 
+    from hvd_ctsm.npy_codec import use_fast_decoding
+
     reader = make_reader(url, cur_shard=rank, shard_count=size, num_epochs=1,
                          shuffle_row_groups=shuffle, seed=seed, reader_pool_type="dummy")
+    use_fast_decoding(reader.schema)  # np.load's header parsing dominated reading (npy_codec)
     try:
         yield reader
     finally:
