@@ -193,12 +193,13 @@ def train_batches(url: str, rank: int, size: int, epoch: int, plan: EpochPlan, b
 def prefetch(batches: Iterator, depth: int) -> Iterator:
     """Produce batches in a background thread, `depth` ahead of the consumer (0: inline).
 
+    The thread starts now, not at the first next(): a caller can open the next epoch's reader
+    (and fill its shuffle buffer) while it still validates or checkpoints the current one.
     Reading and decoding Parquet releases the GIL for much of its time, so this overlaps data
     loading with the forward and backward passes. Errors are re-raised in the consumer.
     """
     if depth <= 0:
-        yield from batches
-        return
+        return iter(batches)
     done = object()
     box: queue.Queue = queue.Queue(maxsize=depth)
 
@@ -211,6 +212,10 @@ def prefetch(batches: Iterator, depth: int) -> Iterator:
             box.put(exc)
 
     threading.Thread(target=produce, daemon=True, name="prefetch").start()
+    return _consume(box, done)
+
+
+def _consume(box: queue.Queue, done: object) -> Iterator:
     while (item := box.get()) is not done:
         if isinstance(item, BaseException):
             raise item
