@@ -44,11 +44,23 @@ def build_info() -> dict:
     }
 
 
+# Horovod's background thread wakes every cycle to negotiate with the other ranks. On a CPU-only
+# machine it competes with the ranks' own compute for the same cores; at Horovod's default cycle
+# (1 ms) that cost more than the latency it saves (benchmarks/RESULTS.md, "knobs").
+CPU_CYCLE_TIME_MS = 20.0
+
+
 def set_horovod_knobs(fusion_threshold_mb: float | None, cycle_time_ms: float | None) -> None:
-    """Map our config onto Horovod's environment; must happen before init()."""
+    """Map our config onto Horovod's environment; must happen before init().
+
+    None keeps Horovod's own value (or the user's HOROVOD_* variable), except the cycle time on a
+    machine without CUDA, which becomes CPU_CYCLE_TIME_MS unless HOROVOD_CYCLE_TIME is set.
+    """
     if fusion_threshold_mb is not None:
         os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(fusion_threshold_mb * 1024 * 1024))
-    if cycle_time_ms is not None:
+    if cycle_time_ms is None and not torch.cuda.is_available():
+        os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
+    elif cycle_time_ms is not None:
         os.environ["HOROVOD_CYCLE_TIME"] = str(cycle_time_ms)
 
 
