@@ -27,6 +27,7 @@ usage: ./run.sh STEP [args...]
   train      the trainer under horovodrun  (NP=2 ./run.sh train --data DIR ...)
   backtest   offline evaluation + gate     (python -m hvd_ctsm.backtest ...)
   deploy     copy a gated model into the registry (python -m hvd_ctsm.deploy ...)
+  bench      every benchmark, then benchmarks/RESULTS.md (~35 min on 2 cores; --quick, --only)
 EOF
 }
 
@@ -91,6 +92,7 @@ main() {
         train) ensure_setup; hvdrun "$VENV/bin/python" -m hvd_ctsm.train ${CONFIG:+--config "$CONFIG"} "$@" ;;
         backtest) ensure_setup; py -m hvd_ctsm.backtest "$@" ;;
         deploy) ensure_setup; py -m hvd_ctsm.deploy "$@" ;;
+        bench) ensure_setup; PATH="$VENV/bin:$PATH" py benchmarks/run_all.py "$@" ;;
         help | -h | --help) usage ;;
         *) echo "unknown step: $step" >&2; usage >&2; exit 2 ;;
     esac

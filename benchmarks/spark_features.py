@@ -1,21 +1,19 @@
 """Benchmark of the Spark feature job on synthetic events (a measurement, not a timed test).
 
-    python benchmarks/spark_features.py            # 1M and 10M events on local[2], recorded
-    python benchmarks/spark_features.py --quick    # a few thousand events, not recorded
+    python benchmarks/spark_features.py            # 1M and 10M events on local[2]
+    python benchmarks/spark_features.py --quick    # a few thousand events, a smoke test
 
 Reports events/s per size and the cost ratio of the largest to the smallest run (10 when the job
-scales linearly), and appends them with the machine, date and git commit to benchmarks/RESULTS.md
-under "## Spark feature job". The outputs go to a temporary folder that is removed afterwards.
+scales linearly) into benchmarks/results/spark_features.json, with the machine, date and commit;
+benchmarks/report.py renders it into RESULTS.md. The job's outputs go to a temporary folder that
+is removed afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import RESULTS, save  # noqa: E402
 from spark_jobs.build_features import build_features  # noqa: E402
 from spark_jobs.config import FeatureConfig  # noqa: E402
 from spark_jobs.session import get_spark  # noqa: E402
@@ -60,38 +59,12 @@ def run_one(spark, events: int, quick: bool, workdir: Path, row_groups: int) -> 
     }
 
 
-def machine() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores, {model}"
-
-
-def git_commit() -> str:
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True
-        )
-        commit = done.stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        return "unknown"
-    return (commit or "no commit") + (" (uncommitted changes)" if dirty else "")
-
-
-def report(results: list[dict], master: str) -> str:
+def render(payload: dict) -> str:
+    """The RESULTS.md section of one saved run."""
+    results, master = payload["results"], payload["master"]
     lines = [
-        f"### {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {master}",
-        "",
-        f"Machine: {machine()}. Commit: {git_commit()}. Job: synthetic source, leave-last-out, "
-        f"max_len 200, 64 row groups per split; seconds from the job start to the renamed output.",
+        f"Spark `{master}`. Job: synthetic source, leave-last-out, max_len 200, 64 row groups "
+        "per split; seconds from the job start to the renamed output.",
         "",
         "| events | clients | train rows | seconds | events/s "
         "| validate / vocab / examples / write s | load avg after |",
@@ -113,28 +86,11 @@ def report(results: list[dict], master: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def record(text: str, path: Path = REPO / "benchmarks" / "RESULTS.md") -> None:
-    """Append under HEADING (created at the end when missing), before the next `## ` section."""
-    body = path.read_text() if path.exists() else "# Benchmark results\n"
-    lines = body.rstrip("\n").split("\n")
-    if HEADING not in lines:
-        lines += ["", HEADING]
-    start = lines.index(HEADING)
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    lines[end:end] = ["", *text.rstrip("\n").split("\n"), ""]
-    path.write_text("\n".join(lines).rstrip("\n") + "\n")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     p.add_argument("--master", default="local[2]")
-    p.add_argument(
-        "--record",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="append to benchmarks/RESULTS.md (default: yes, except with --quick)",
-    )
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder of the results JSON")
     args = p.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     spark = get_spark(master=args.master, app_name="hvd_ctsm-bench", spark_driver_memory="8g")
@@ -146,10 +102,9 @@ def main(argv=None) -> int:
             print(f"{events:,} events: {results[-1]['seconds']:.1f} s", flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    text = report(results, args.master)
-    print(text)
-    if args.record if args.record is not None else not args.quick:
-        record(text)
+    payload = {"master": args.master, "quick": args.quick, "results": results}
+    save("spark_features", payload, args.out)
+    print(render(payload))
     return 0
 
 

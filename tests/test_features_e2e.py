@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -275,22 +274,3 @@ def test_module_runs_as_a_script():
         timeout=120,
     )
     assert done.returncode == 0 and "--previous-vocab" in done.stdout
-
-
-def test_benchmark_quick_mode_runs(spark, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location(
-        "bench", REPO / "benchmarks" / "spark_features.py"
-    )
-    spark_features = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(spark_features)
-
-    results = tmp_path / "RESULTS.md"
-    results.write_text("# Benchmark results\n\n## Other\n\ntext\n")
-    assert spark_features.main(["--quick", "--no-record"]) == 0
-    text = capsys.readouterr().out
-    assert "events/s" in text and "Cost ratio" in text
-    spark_features.record("### run\n\n| a |\n", results)
-    spark_features.record("### run 2\n", results)
-    body = results.read_text()
-    assert body.index("## Other") < body.index("## Spark feature job") < body.index("### run 2")
-    assert body.index("### run\n") < body.index("### run 2")

@@ -1,0 +1,139 @@
+"""Horovod against PyTorch DDP, and Horovod's knobs, on the CTSM step at np=2 (Gloo, CPU).
+
+    python benchmarks/comm.py --data FEATURES            # 3 repeats of everything
+    python benchmarks/comm.py --data FEATURES --quick    # one short pass, a smoke test
+
+Peer: `horovodrun -np 2 benchmarks/step_worker.py --backend horovod` (the trainer's default knobs
+for CPU) and `torchrun --nproc-per-node 2 ... --backend ddp`, launched in turn, same model, same
+batches; the figure is the ratio of their samples/s, repeat by repeat.
+Knobs: one horovodrun launch per variant, all variants in turn per repeat: fp16 compression
+on/off, fusion threshold 0/1/8/64/128 MB, cycle time, backward_passes_per_step 1/2/4, threads and
+core affinity; each variant changes one knob from the trainer's CPU defaults. On the default model
+and (the knobs that act on the wire) on a communication-heavy one: a 200k-item vocabulary, ~25M
+parameters, ~100 MB of gradients a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import RESULTS, horovodrun, run, save, spread  # noqa: E402
+from hvd_ctsm.config import DistConfig  # noqa: E402
+
+WORKER = str(Path(__file__).resolve().parent / "step_worker.py")
+MODELS = {"default": ["--dim", "64", "--layers", "2"],
+          "heavy": ["--dim", "128", "--layers", "2", "--items", "200000", "--loss", "sampled"]}
+STEPS_SHARE = {"default": 1.0, "heavy": 0.3}  # heavy steps are slow: fewer of them
+
+
+def cpu_defaults() -> dict:
+    """The trainer's defaults for CPU runs, as knobs for the worker."""
+    d = DistConfig()
+    return {"cycle_ms": d.cycle_time_ms, "fusion_mb": d.fusion_threshold_mb}
+
+
+def knob_variants(model: str, quick: bool) -> dict[str, dict]:
+    """Named variants; each changes one knob from the CPU defaults (duplicates dropped)."""
+    base = cpu_defaults()
+    variants = {"defaults": base, "fp16": base | {"compression": "fp16"}}
+    if quick:
+        return variants
+    variants |= {f"fusion_{mb}MB": base | {"fusion_mb": mb} for mb in (0, 1, 8, 64, 128)}
+    variants |= {"bpps_2": base | {"bpps": 2}}
+    if model == "default":
+        variants |= {f"cycle_{ms}ms": base | {"cycle_ms": ms} for ms in (1, 5, 20, 50)}
+        variants |= {"bpps_4": base | {"bpps": 4}, "threads_2": base | {"threads": 2},
+                     "affinity": base | {"affinity": True}}
+    unique, seen = {}, []
+    for name, knobs in variants.items():
+        if knobs not in seen:
+            unique[name] = knobs
+            seen.append(knobs)
+    return unique
+
+
+def worker_cmd(backend: str, data: Path, out: Path, model: str, steps: int, extra=()) -> list:
+    steps = max(3, round(steps * STEPS_SHARE[model]))
+    return ["--backend", backend, "--data", str(data), "--json", str(out), "--steps", str(steps),
+            "--warmup", str(min(5, steps)), *MODELS[model], *extra]
+
+
+def peer(data: Path, work: Path, repeats: int, steps: int) -> dict:
+    """Horovod and DDP launches alternated; samples/s ratio per repeat."""
+    runs = {"horovod": [], "ddp": []}
+    for rep in range(repeats):
+        for backend in ("horovod", "ddp"):
+            out = work / f"peer-{backend}-{rep}.json"
+            if backend == "horovod":
+                cmd = horovodrun(2, [WORKER, *worker_cmd(
+                    backend, data, out, "default", steps, ["--knobs", json.dumps(cpu_defaults())])])
+            else:
+                cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2",
+                       WORKER, *worker_cmd(backend, data, out, "default", steps)]
+            run(cmd, work / f"peer-{backend}-{rep}.log")
+            runs[backend].append(json.loads(out.read_text()))
+            print(f"[comm] peer {backend} repeat {rep + 1}: "
+                  f"{runs[backend][-1]['samples_per_s']:.0f} samples/s", flush=True)
+    ratios = [h["samples_per_s"] / d["samples_per_s"]
+              for h, d in zip(runs["horovod"], runs["ddp"], strict=True)]
+    return {"horovod_samples_per_s": spread(r["samples_per_s"] for r in runs["horovod"]),
+            "ddp_samples_per_s": spread(r["samples_per_s"] for r in runs["ddp"]),
+            "horovod_over_ddp": spread(ratios), "runs": runs}
+
+
+def knobs(data: Path, work: Path, repeats: int, steps: int, quick: bool) -> dict:
+    out = {}
+    for model in ("default",) if quick else ("default", "heavy"):
+        variants = knob_variants(model, quick)
+        per_variant = {name: [] for name in variants}
+        for rep in range(repeats):
+            for name, setting in variants.items():
+                path = work / f"knobs-{model}-{name}-{rep}.json"
+                run(horovodrun(2, [WORKER, *worker_cmd("horovod", data, path, model, steps,
+                                                       ["--knobs", json.dumps(setting)])]),
+                    path.with_suffix(".log"))
+                per_variant[name].append(json.loads(path.read_text()))
+            print(f"[comm] knobs {model} repeat {rep + 1}/{repeats} done", flush=True)
+        base = per_variant["defaults"]
+        out[model] = {"parameters": base[0]["parameters"], "variants": {
+            name: {"knobs": rs[0]["knobs"],
+                   "gradient_bytes_per_step": rs[0]["gradient_bytes_per_step"],
+                   "samples_per_s": spread(r["samples_per_s"] for r in rs),
+                   "vs_defaults": spread(r["samples_per_s"] / b["samples_per_s"]
+                                         for r, b in zip(rs, base, strict=True)),
+                   "step_median_s": spread(r["step_median_s"] for r in rs),
+                   "wait_share": spread(r["wait_share"] for r in rs)}
+            for name, rs in per_variant.items()}}
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, type=Path, help="feature job output folder")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=40, help="timed steps per variant")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    repeats, steps = (1, 6) if args.quick else (args.repeats, args.steps)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-comm-") as tmp:
+        result = {"peer": peer(args.data, Path(tmp), repeats, steps),
+                  "knobs": knobs(args.data, Path(tmp), repeats, steps, args.quick)}
+    save("comm", {"data": args.data.name, "repeats": repeats, "steps": steps,
+                  "cpu_defaults": cpu_defaults(), **result,
+                  "bench_seconds": time.perf_counter() - t0}, args.out)
+    print(json.dumps(result["peer"]["horovod_over_ddp"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

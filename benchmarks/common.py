@@ -1,0 +1,113 @@
+"""What every benchmark shares: the machine stamp, launching the real entry points, statistics.
+
+Benchmarks measure; they never assert a speed. Each one runs its variants in turn within one run
+(A B C, A B C, ...) so that they share the machine's moments, and reports medians over repeats.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+ML100K = REPO.parent / "shared" / "data" / "ml-100k"
+
+
+def env() -> dict:
+    """The environment for child processes: this interpreter's bin first, quiet libraries."""
+    bin_dir = str(Path(sys.executable).parent)
+    return os.environ | {"PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+                         "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+                         "PYTHONPATH": str(REPO)}
+
+
+def run(cmd: list[str], log: Path, timeout: float = 900, **kwargs) -> float:
+    """Run a command to completion (its output to `log`); return its wall seconds."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env(),
+                              timeout=timeout, cwd=REPO, check=False, **kwargs)
+    if proc.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"{' '.join(cmd[:6])}... exited {proc.returncode}:\n{tail}")
+    return time.perf_counter() - t0
+
+
+def horovodrun(np: int, args: list[str]) -> list[str]:
+    return ["horovodrun", "-np", str(np), "--gloo", sys.executable, *args]
+
+
+def build_features(source: str, out: Path, log: Path, max_len: int = 200) -> Path:
+    """The real feature job (a local[2] Spark application) into `out`, once."""
+    if not (out / "metadata.json").exists():
+        run([sys.executable, "-m", "spark_jobs.build_features", "--source", source,
+             "--out", str(out), "--split", "leave-last-out", "--max-len", str(max_len),
+             "--master", "local[2]", "--overwrite"], log)
+    return out
+
+
+def machine() -> dict:
+    """Machine, date and commit: every result file carries them."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO,
+                                capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=REPO, capture_output=True, text=True).stdout.strip()
+        commit += "+changes" if dirty else ""
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    import torch
+
+    return {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": commit, "cpu": cpu, "cores": os.cpu_count(),
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
+            "os": platform.platform(terse=True), "python": platform.python_version(),
+            "torch": torch.__version__, "load_avg_1min": round(os.getloadavg()[0], 2)}
+
+
+def median(values) -> float:
+    return float(statistics.median(values))
+
+
+def spread(values) -> dict:
+    """Median, min, max and (for 2+ values) the sample standard deviation."""
+    values = [float(v) for v in values]
+    return {"median": median(values), "min": min(values), "max": max(values),
+            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
+
+
+def save(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    payload = {"machine": machine()} | payload
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.replace(path)
+    return path
+
+
+def pyplot():
+    """matplotlib without a display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

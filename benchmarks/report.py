@@ -1,0 +1,158 @@
+"""Render benchmarks/results/*.json into benchmarks/RESULTS.md (tables, plots, targets).
+
+    python benchmarks/report.py [--results DIR] [--out RESULTS.md]
+
+The written analysis (causes, chosen defaults) lives in benchmarks/ANALYSIS.md and is included
+as is; everything else here is computed from the saved measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import REPO, RESULTS  # noqa: E402
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def med(stats: dict, fmt: str = "{:.2f}") -> str:
+    """median [min-max] of a spread() dict."""
+    if stats["n"] == 1:
+        return fmt.format(stats["median"])
+    return f"{fmt.format(stats['median'])} [{fmt.format(stats['min'])}-{fmt.format(stats['max'])}]"
+
+
+def stamp(payload: dict) -> str:
+    m = payload["machine"]
+    return (f"_{m['date']}, commit {m['commit']}, {m['cores']} cores ({m['cpu']}), "
+            f"{m['memory_gib']} GiB, {m['os']}, torch {m['torch']}; load average "
+            f"{m['load_avg_1min']} when saved._")
+
+
+def scaling(p: dict) -> list[str]:
+    s = p["summary"]
+    rows = ["| ranks | epoch s | time vs 1 rank | rows/s | allreduce wait | data wait |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for n, r in s["sizes"].items():
+        note = " (oversubscribed)" if r["oversubscribed"] else ""
+        rows.append(f"| {n}{note} | {med(r['epoch_seconds'], '{:.1f}')} "
+                    f"| {r['time_vs_np1']:.2f}x | {med(r['rows_per_s'], '{:.0f}')} "
+                    f"| {med(r['allreduce_share'], '{:.1%}')} | {med(r['data_share'], '{:.1%}')} |")
+    out = [f"Data: {p['data']}, preset {p['config']}, one epoch, {p['repeats']} repeats "
+           "(median [min-max]).", "", *rows, ""]
+    if "np2_efficiency_vs_pair" in s:
+        out += [f"Two independent single-rank trainers side by side: "
+                f"{med(s['pair_rows_per_s'], '{:.0f}')} rows/s together. The np=2 job reaches "
+                f"**{med(s['np2_efficiency_vs_pair'], '{:.1%}')}** of that (each repeat against "
+                "the pair run in the same repeat).", ""]
+    out += [f"![epoch time vs workers](results/{p['plots'][0]}) "
+            f"![communication share](results/{p['plots'][1]})", ""]
+    return out
+
+
+def comm(p: dict) -> list[str]:
+    peer = p["peer"]
+    out = [f"Data: {p['data']}, {p['steps']} timed steps per run, {p['repeats']} repeats, "
+           f"np=2, one thread per rank. CPU defaults: {p['cpu_defaults']}.", "",
+           "| | samples/s |", "| --- | ---: |",
+           f"| Horovod (trainer defaults) | {med(peer['horovod_samples_per_s'], '{:.0f}')} |",
+           f"| PyTorch DDP (torchrun, Gloo) | {med(peer['ddp_samples_per_s'], '{:.0f}')} |",
+           f"| **Horovod / DDP** | **{med(peer['horovod_over_ddp'])}** |", ""]
+    for model, res in p["knobs"].items():
+        out += [f"Knobs, {model} model ({res['parameters']:,} parameters):", "",
+                "| variant | gradient MB/step | samples/s | vs defaults | step ms "
+                "| allreduce wait |",
+                "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for name, v in res["variants"].items():
+            out.append(f"| {name} | {v['gradient_bytes_per_step'] / 2**20:.1f} "
+                       f"| {med(v['samples_per_s'], '{:.0f}')} | {med(v['vs_defaults'])} "
+                       f"| {1000 * v['step_median_s']['median']:.0f} "
+                       f"| {med(v['wait_share'], '{:.1%}')} |")
+        out.append("")
+    return out
+
+
+def input_pipeline(p: dict) -> list[str]:
+    r = p["read_rows_per_s_per_rank"]
+    out = [f"Data: {p['data']}, batch {p['batch_size']}, np=2 sharding, {p['repeats']} repeats.",
+           "", "| reader | rows/s per rank (slower shard) |", "| --- | ---: |",
+           f"| ours (Petastorm rows, our .npy decoder) | {med(r['ours'], '{:.0f}')} |",
+           f"| Petastorm's own decoder (np.load) | {med(r['petastorm_np_load'], '{:.0f}')} |", ""]
+    if p.get("trainer"):
+        t = p["trainer"]
+        out += [f"The trainer at np=2 consumes {med(t['rows_per_s_per_rank'], '{:.0f}')} rows/s "
+                f"per rank and waits for data {med(t['data_wait_share'], '{:.1%}')} of its step "
+                "time.", ""]
+    return out
+
+
+def quality(p: dict) -> list[str]:
+    out = [f"Data: {p['data']}, {p['epochs']} epochs, seeds 0..{p['seeds'] - 1}; test split, "
+           "full ranking.", "",
+           "| variant | effective batch | lr rule | steps | NDCG@10 mean | [min-max] | stdev "
+           "| sampled NDCG@10 |", "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: |"]
+    for name, t in p["table"].items():
+        n = t["ndcg@10"]
+        out.append(f"| {name} | {t['effective_batch']} | {'yes' if t['lr_rule'] else 'no'} "
+                   f"| {t['steps']} | {n['mean']:.4f} | {n['min']:.4f}-{n['max']:.4f} "
+                   f"| {n['stdev']:.4f} | {med(t['sampled_ndcg@10'], '{:.3f}')} |")
+    out.append("")
+    for name, v in p["verdict"].items():
+        out.append(f"- {name} with the rule: mean {v['mean_minus_x1']:+.4f} against x1; inside "
+                   f"x1's range over seeds: {v['in_x1_range']}; within 2 stdev of x1: "
+                   f"{v['within_2_stdev']}.")
+    return [*out, ""]
+
+
+def spark_features(p: dict) -> list[str]:
+    from benchmarks.spark_features import render
+
+    return [render(p)]
+
+
+SECTIONS = [("scaling", "Scaling: epoch time and communication vs workers", scaling),
+            ("comm", "Horovod vs DDP, and Horovod's knobs", comm),
+            ("input_pipeline", "Input pipeline", input_pipeline),
+            ("quality", "Quality vs scale (do no harm)", quality),
+            ("spark_features", "Spark feature job", spark_features)]
+
+
+def render(results: Path) -> str:
+    lines = ["# Benchmark results", "",
+             "Generated by `./run.sh bench` (benchmarks/run_all.py, then benchmarks/report.py). "
+             "Variants run in turn within one run; figures are medians over repeats, "
+             "[min-max] beside them.", ""]
+    analysis = REPO / "benchmarks" / "ANALYSIS.md"
+    if analysis.exists():
+        lines += [analysis.read_text().rstrip(), ""]
+    for name, title, fn in SECTIONS:
+        path = results / f"{name}.json"
+        if path.exists():
+            payload = json.loads(path.read_text())
+            lines += [f"## {title}", "", stamp(payload), "", *fn(payload)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "RESULTS.md")
+    args = p.parse_args(argv)
+    text = render(args.results)
+    tmp = args.out.with_suffix(".md.tmp")
+    tmp.write_text(text)
+    tmp.replace(args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

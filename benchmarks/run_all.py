@@ -1,0 +1,81 @@
+"""Every benchmark in one run, then the report: what `./run.sh bench` does.
+
+    python benchmarks/run_all.py                 # the full set (about half an hour on 2 cores)
+    python benchmarks/run_all.py --quick --out D # tiny sizes, results in D, for the smoke test
+    python benchmarks/run_all.py --only comm,quality
+
+Datasets are built by the real feature job into a temporary folder that is removed at the end
+(MovieLens-derived data never lands in the repository): MovieLens 100K (../shared/data/ml-100k or
+--ml100k) for scaling and the input pipeline, a synthetic set for the knobs and the quality runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import comm, input_pipeline, quality, report, scaling, spark_features  # noqa: E402
+from benchmarks.common import ML100K, REPO, RESULTS, build_features  # noqa: E402
+
+SYNTHETIC = "synthetic:clients=1200,items=300,events=60000,seed=7"
+SYNTHETIC_QUICK = "synthetic:clients=200,items=60,events=8000,seed=7"
+ALL = ("scaling", "input", "comm", "quality", "spark")
+
+
+def datasets(work: Path, ml100k: Path, quick: bool) -> tuple[Path, Path, str | None]:
+    """(data for scaling/input, synthetic data, trainer preset for the first)."""
+    if quick:
+        syn = build_features(SYNTHETIC_QUICK, work / "syn", work / "syn.log", max_len=30)
+        return syn, syn, "default"
+    syn = build_features(SYNTHETIC, work / "syn", work / "syn.log", max_len=50)
+    if not (ml100k / "u.data").exists():
+        print(f"[bench] no MovieLens 100K at {ml100k}: scaling runs on synthetic data")
+        return syn, syn, "default"
+    real = build_features(f"movielens:{ml100k}", work / "ml100k", work / "ml100k.log")
+    return real, syn, "ml100k"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", default=",".join(ALL), help=f"comma list of {ALL}")
+    p.add_argument("--ml100k", type=Path, default=ML100K)
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    p.add_argument("--report", type=Path, default=REPO / "benchmarks" / "RESULTS.md")
+    args = p.parse_args(argv)
+    only = set(args.only.split(","))
+    unknown = only - set(ALL)
+    if unknown:
+        p.error(f"unknown benchmarks {sorted(unknown)}; known: {', '.join(ALL)}")
+    quick = ["--quick"] if args.quick else []
+    out = ["--out", str(args.out)]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
+        real, syn, preset = datasets(Path(tmp), args.ml100k, args.quick)
+        config = ["--config", preset] if preset else []
+        steps = [("scaling", lambda: scaling.main(["--data", str(real), *config, *quick, *out])),
+                 ("input", lambda: input_pipeline.main(
+                     ["--data", str(real), "--scaling", str(args.out / "scaling.json"), *quick,
+                      *out])),
+                 ("comm", lambda: comm.main(["--data", str(syn), *quick, *out])),
+                 ("quality", lambda: quality.main(["--data", str(syn), *quick, *out])),
+                 ("spark", lambda: spark_features.main([*quick, *out]))]
+        for name, step in steps:
+            if name in only:
+                started = time.perf_counter()
+                print(f"[bench] {name} ...", flush=True)
+                step()
+                print(f"[bench] {name} done in {time.perf_counter() - started:.0f} s", flush=True)
+    report.main(["--results", str(args.out), "--out", str(args.report)])
+    print(f"[bench] all done in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

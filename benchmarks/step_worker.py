@@ -1,0 +1,186 @@
+"""One benchmark worker: the CTSM training step, timed, under Horovod, PyTorch DDP or alone.
+
+    horovodrun -np 2 --gloo python benchmarks/step_worker.py --backend horovod --data D --json J
+    torchrun --nproc-per-node 2 benchmarks/step_worker.py --backend ddp --data D --json J
+    python benchmarks/step_worker.py --backend local --data D --json J      # no communication
+
+Every backend trains the same model on the same batches: each rank preloads `--batches` batches of
+its own shard of the feature job's training split (so reading Parquet is not timed) and cycles
+through them. Per step it times the local compute (forward + backward) and, under Horovod, the
+wait in `optimizer.synchronize()` (what is left of the gradient allreduce once backward is done);
+DDP overlaps its allreduce with backward, so there only the whole step is comparable.
+
+`--knobs` (JSON) sets compression, bpps, fusion_mb, cycle_ms, threads and affinity: one launch
+per setting, because Horovod 0.28's Gloo rendezvous is not safe to restart within a launch (a
+restarted rank can read its peer's old address: "Connection refused"). Rank 0 writes one JSON
+object: samples/s, medians per rank and the gradient bytes each step moves.
+`--items` enlarges the item vocabulary (dense embedding gradients) to make the model
+communication-heavy; the extra ids never occur in the data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from hvd_ctsm.data import plan_epoch, read_metadata, split_url, train_batches
+from hvd_ctsm.model import CTSM
+from hvd_ctsm.train_support import build_model_sizes
+
+KNOBS = {"compression": "none", "bpps": 1, "fusion_mb": None, "cycle_ms": None, "threads": 1,
+         "affinity": False}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", choices=("horovod", "ddp", "local"), required=True)
+    p.add_argument("--data", required=True, help="feature job output folder")
+    p.add_argument("--json", required=True, help="where rank 0 writes the results")
+    p.add_argument("--knobs", default="{}", help="JSON dict of knob settings (see KNOBS)")
+    p.add_argument("--steps", type=int, default=40, help="timed optimizer steps per variant")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batches", type=int, default=8, help="batches preloaded per rank")
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--items", type=int, default=0, help="item vocabulary (0: the data's)")
+    p.add_argument("--loss", default="full", choices=("full", "sampled", "bce"))
+    return p.parse_args(argv)
+
+
+class Backend:
+    """Start/stop, rank/size, the optimizer wrapper and the gather of results, per launcher."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.rank, self.size = 0, 1
+        if kind == "horovod":
+            from hvd_ctsm import distributed
+
+            self.dist = distributed
+        elif kind == "ddp":
+            torch.distributed.init_process_group("gloo")
+            self.rank, self.size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+    def start(self, knobs: dict) -> None:
+        if knobs["affinity"]:  # one core per local rank; Horovod's thread beside its rank
+            local = int(os.environ.get("HOROVOD_LOCAL_RANK", os.environ.get("LOCAL_RANK", "0")))
+            core = sorted(os.sched_getaffinity(0))[local % len(os.sched_getaffinity(0))]
+            os.sched_setaffinity(0, {core})
+            os.environ["HOROVOD_THREAD_AFFINITY"] = ",".join(
+                str(c) for c in range(int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))))
+        if self.kind == "horovod":
+            self.dist.set_horovod_knobs(knobs["fusion_mb"], knobs["cycle_ms"])
+            self.dist.init(knobs["threads"])
+            self.rank, self.size = self.dist.rank(), self.dist.size()
+        torch.set_num_threads(knobs["threads"])
+
+    def stop(self) -> None:
+        if self.kind == "horovod":
+            self.dist.shutdown()
+        elif self.kind == "ddp":
+            torch.distributed.destroy_process_group()
+
+    def wrap(self, model, optimizer, knobs: dict):
+        if self.kind == "horovod":
+            optimizer = self.dist.distributed_optimizer(
+                optimizer, model, compression=knobs["compression"],
+                backward_passes_per_step=knobs["bpps"])
+            self.dist.broadcast_state(model, optimizer)
+        elif self.kind == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        return model, optimizer
+
+    def gather(self, obj):
+        if self.kind == "horovod":
+            return self.dist.allgather_object(obj)
+        if self.kind == "ddp":
+            out = [None] * self.size
+            torch.distributed.all_gather_object(out, obj)
+            return out
+        return [obj]
+
+
+def preload(args, rank: int, size: int, meta: dict, rows: int) -> list[dict]:
+    url = split_url(args.data, "train")
+    plan = plan_epoch(url, size, rows)
+    plan = replace(plan, steps=min(plan.steps, args.batches))
+    return list(train_batches(url, rank, size, 0, plan, rows, int(meta["max_len"]), seed=0))
+
+
+def timed_steps(model, optimizer, batches, args, backend, bpps: int) -> list[dict]:
+    """warmup + steps optimizer steps; time compute, allreduce wait and the whole step."""
+    times = []
+    model.train()
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        for j in range(bpps):
+            batch = batches[(i * bpps + j) % len(batches)]
+            loss = sum(model(batch).values()) / bpps
+            loss.backward()
+        t1 = time.perf_counter()
+        if backend.kind == "horovod":
+            optimizer.synchronize()
+            t2 = time.perf_counter()
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        else:
+            t2 = t1
+            optimizer.step()
+        optimizer.zero_grad()
+        if i >= args.warmup:
+            times.append({"compute": t1 - t0, "wait": t2 - t1, "step": time.perf_counter() - t0})
+    return times
+
+
+def summarise(per_rank: list[list[dict]], args, size: int, knobs: dict, numel: int) -> dict:
+    """The job's time is the slowest rank's total (every step ends in a common allreduce)."""
+    totals = [sum(t["step"] for t in times) for times in per_rank]
+    waits = [sum(t["wait"] for t in times) / total
+             for times, total in zip(per_rank, totals, strict=True)]
+    medians = [{k: statistics.median(t[k] for t in times) for k in ("compute", "wait", "step")}
+               for times in per_rank]
+    samples = args.steps * knobs["bpps"] * args.batch_size * size
+    wire_bytes = 2 if knobs["compression"] == "fp16" else 4
+    return {"size": size, "knobs": knobs, "parameters": numel,
+            "gradient_bytes_per_step": numel * wire_bytes,
+            "samples_per_s": samples / max(totals), "seconds": max(totals),
+            "step_median_s": max(m["step"] for m in medians),
+            "compute_median_s": max(m["compute"] for m in medians),
+            "wait_share": statistics.mean(waits), "per_rank": medians}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    knobs = KNOBS | json.loads(args.knobs)
+    backend = Backend(args.backend)
+    backend.start(knobs)
+    meta = read_metadata(args.data)
+    sizes = build_model_sizes(meta)
+    if args.items:
+        sizes = replace(sizes, num_items=max(args.items, sizes.num_items))
+    torch.manual_seed(0)
+    model = CTSM(sizes, dim=args.dim, layers=args.layers, heads=2, dropout=0.0, loss=args.loss)
+    numel = sum(p.numel() for p in model.parameters())
+    model, optimizer = backend.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-3), knobs)
+    batches = preload(args, backend.rank, backend.size, meta, args.batch_size)
+    per_rank = backend.gather(timed_steps(model, optimizer, batches, args, backend,
+                                          knobs["bpps"]))
+    if backend.rank == 0:
+        result = {"backend": args.backend} | summarise(per_rank, args, backend.size, knobs, numel)
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    backend.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

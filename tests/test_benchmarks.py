@@ -1,0 +1,85 @@
+"""Every benchmark's --quick mode runs for real on a tiny dataset, so the benchmarks never rot.
+
+Nothing here asserts a speed (timings belong in benchmarks/RESULTS.md): the tests check that each
+benchmark launches the real entry points, saves a stamped result with sane fields, and that the
+report renders every section.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import comm, input_pipeline, quality, report, scaling, spark_features
+
+pytestmark = [pytest.mark.slow, pytest.mark.horovod]
+
+
+@pytest.fixture(scope="module")
+def results(tiny_features, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-results")
+    data = ["--data", str(tiny_features)]
+    assert scaling.main([*data, "--config", "default", "--quick", "--out", str(out)]) == 0
+    assert input_pipeline.main([*data, "--quick", "--scaling", str(out / "scaling.json"),
+                                "--out", str(out)]) == 0
+    assert comm.main([*data, "--quick", "--out", str(out)]) == 0
+    assert quality.main([*data, "--quick", "--out", str(out)]) == 0
+    return out
+
+
+def load(results, name):
+    payload = json.loads((results / f"{name}.json").read_text())
+    assert payload["machine"]["cores"] >= 1 and payload["machine"]["commit"]
+    return payload
+
+
+def test_scaling_reads_the_trainers_own_timers(results):
+    s = load(results, "scaling")["summary"]["sizes"]
+    assert set(s) == {"1", "2"}
+    assert s["1"]["time_vs_np1"] == 1.0
+    for n in ("1", "2"):
+        assert s[n]["epoch_seconds"]["median"] > 0
+        assert 0 <= s[n]["allreduce_share"]["median"] < 1 and 0 <= s[n]["data_share"]["median"] < 1
+    assert (results / "scaling_time.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_input_pipeline_compares_both_decoders(results):
+    p = load(results, "input_pipeline")
+    reading = p["read_rows_per_s_per_rank"]
+    assert reading["ours"]["median"] > 0 and reading["petastorm_np_load"]["median"] > 0
+    assert p["trainer"]["rows_per_s_per_rank"]["median"] > 0
+
+
+def test_comm_runs_horovod_and_ddp_on_the_same_model(results):
+    p = load(results, "comm")
+    peer = p["peer"]
+    assert peer["runs"]["horovod"][0]["parameters"] == peer["runs"]["ddp"][0]["parameters"]
+    assert peer["runs"]["horovod"][0]["size"] == peer["runs"]["ddp"][0]["size"] == 2
+    variants = p["knobs"]["default"]["variants"]
+    assert variants["defaults"]["vs_defaults"]["median"] == 1.0
+    # fp16 compression halves the bytes on the wire.
+    assert variants["fp16"]["gradient_bytes_per_step"] * 2 == \
+        variants["defaults"]["gradient_bytes_per_step"]
+
+
+def test_quality_backtests_each_effective_batch(results):
+    table = load(results, "quality")["table"]
+    assert table["x2"]["effective_batch"] == 2 * table["x1"]["effective_batch"]
+    assert all(0 <= t["ndcg@10"]["mean"] <= 1 for t in table.values())
+
+
+def test_spark_feature_benchmark_quick(spark, tmp_path):
+    assert spark_features.main(["--quick", "--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "spark_features.json").read_text())
+    assert [r["events"] for r in payload["results"]] == [2_000, 4_000]
+    assert "Cost ratio" in spark_features.render(payload)
+
+
+def test_report_renders_every_section(results, tmp_path):
+    out = tmp_path / "RESULTS.md"
+    assert report.main(["--results", str(results), "--out", str(out)]) == 0
+    text = out.read_text()
+    for heading in ("## Scaling", "## Horovod vs DDP", "## Input pipeline", "## Quality"):
+        assert heading in text
+    assert "Horovod / DDP" in text and "(oversubscribed)" not in text  # np=4 is not in quick
