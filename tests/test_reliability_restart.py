@@ -7,13 +7,11 @@ ends with, bit for bit: the data position, optimizer, schedule and every rank's 
 """
 
 import shutil
-import subprocess
 import sys
 import time
 
 import faultlib as fl
 import pytest
-import torch
 
 from hvd_ctsm.checkpoint import CheckpointManager, load_state, save_state
 
@@ -122,7 +120,7 @@ for step in range(1, 10_000):
 def test_a_kill_during_a_checkpoint_write_leaves_no_half_file(tmp_path):
     folder = tmp_path / "checkpoints"
     interrupted = 0
-    for attempt in range(3):
+    for _ in range(3):
         proc = fl.start([sys.executable, "-c", WRITER, str(folder)], tmp_path / "writer.log")
         # Kill while a temporary file exists (in the middle of a write) after a first
         # checkpoint is complete.
