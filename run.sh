@@ -27,6 +27,7 @@ usage: ./run.sh STEP [args...]
   train      the trainer under horovodrun  (NP=2 ./run.sh train --data DIR ...)
   backtest   offline evaluation + gate     (python -m hvd_ctsm.backtest ...)
   deploy     copy a gated model into the registry (python -m hvd_ctsm.deploy ...)
+  elastic    elastic training on this machine (horovodrun --min-np 1 --max-np 2, see README)
 EOF
 }
 
@@ -72,6 +73,16 @@ demo() {
     py -m hvd_ctsm.deploy --model "$model" --report "$model/backtest.json" --registry "$registry"
 }
 
+# Elastic Horovod on one machine: two host names for it (scripts/local_hosts.sh), the loopback
+# interface, and a cooldown after which a failed worker's host is tried again (it rejoins).
+# On a cluster, point HOSTS_SCRIPT at a script that prints the live hosts.
+elastic() {
+    "$VENV/bin/horovodrun" -np 2 --min-np 1 --max-np 2 \
+        --host-discovery-script "${HOSTS_SCRIPT:-$REPO/scripts/local_hosts.sh}" \
+        --network-interface lo --blacklist-cooldown-range 10 60 --gloo \
+        "$VENV/bin/python" -m hvd_ctsm.train --elastic ${CONFIG:+--config "$CONFIG"} "$@"
+}
+
 run_tests() {
     ensure_setup
     # Each Horovod rank and Spark would otherwise start one thread per core and fight.
@@ -91,6 +102,7 @@ main() {
         train) ensure_setup; hvdrun "$VENV/bin/python" -m hvd_ctsm.train ${CONFIG:+--config "$CONFIG"} "$@" ;;
         backtest) ensure_setup; py -m hvd_ctsm.backtest "$@" ;;
         deploy) ensure_setup; py -m hvd_ctsm.deploy "$@" ;;
+        elastic) ensure_setup; elastic "$@" ;;
         help | -h | --help) usage ;;
         *) echo "unknown step: $step" >&2; usage >&2; exit 2 ;;
     esac

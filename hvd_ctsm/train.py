@@ -306,6 +306,9 @@ def parse_args(argv):
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--init-from", help="warm-start from a model.pt (vocabulary may have grown)")
     p.add_argument("--overwrite", action="store_true", help="start afresh in an existing --out")
+    p.add_argument("--elastic", action="store_true",
+                   help="train under hvd.elastic.run (launch with horovodrun --min-np/--max-np "
+                        "--host-discovery-script); see hvd_ctsm/elastic.py")
     return p.parse_intermixed_args(argv)
 
 
@@ -332,11 +335,22 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: {exc}") from exc
     if not cfg.data.path:
         raise SystemExit("error: --data DIR is required (a folder written by the feature job)")
-    check_out_folder(Path(cfg.out), args.resume, args.overwrite)
+    # An elastic job starts workers later too (replacements, rejoins): only the first rank 0
+    # checks the run folder; the others join whatever run it holds.
+    if not args.elastic or os.environ.get("HOROVOD_RANK", "0") == "0":
+        check_out_folder(Path(cfg.out), args.resume, args.overwrite)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     watcher = faults.start_stall_watcher(Path(cfg.out))
     try:
-        train(cfg, resume=args.resume, init_from=args.init_from)
+        if args.elastic:
+            from hvd_ctsm import elastic_loop
+
+            if args.resume:
+                raise SystemExit("error: --elastic keeps its state in memory; --resume is for "
+                                 "restarting a non-elastic run from its checkpoints")
+            elastic_loop.run(cfg, init_from=args.init_from)
+        else:
+            train(cfg, resume=args.resume, init_from=args.init_from)
         dist.shutdown()
     finally:
         if watcher:
