@@ -20,8 +20,8 @@ from hvd_ctsm.elastic import (GlobalOrder, RowGroupCache, SampleClock, announce_
                               set_lr_scale)
 from hvd_ctsm.train import (Run, build_model, log_training, optimizer_step, parameter_checksum,
                             save_final_model, validate)
-from hvd_ctsm.train_support import (_NoBar, autocast_for, build_model_sizes, lr_scale,
-                                    lr_schedule, warm_start)
+from hvd_ctsm.train_support import (_NoBar, autocast_for, build_model_sizes, lr_scale, lr_schedule,
+                                    warm_start)
 
 
 def build(cfg, init_from):

@@ -131,9 +131,14 @@ class StallWatcher:
             self._record()
 
 
+RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
 def start_stall_watcher(out: Path) -> StallWatcher | None:
-    """On rank 0 of a horovodrun launch (known from the environment, before init), else None."""
-    launched = "HOROVOD_RANK" in os.environ
-    if not launched or os.environ.get("HOROVOD_RANK") != "0":
+    """On rank 0 of a horovodrun/mpirun launch (known from the environment before init; Gloo or
+    MPI), else None. Seen with Horovod 0.28.1 here: the MPI controller prints stall warnings,
+    the Gloo controller printed none (the per-rank step times still name a slow rank)."""
+    ranks = [os.environ[name] for name in RANK_VARIABLES if name in os.environ]
+    if not ranks or ranks[0] != "0":
         return None
     return StallWatcher(out)

@@ -29,33 +29,41 @@ def kill_mid_epoch(data, out, np_, tmp_path):
     per_epoch = 14 // np_
     step = fl.wait_for(lambda: fl.mid_epoch_checkpoint(out, per_epoch + 1), proc,
                        what="a mid-epoch checkpoint")
-    killed_at = fl.sigkill_tree(proc)
+    fl.sigkill_tree(proc)
     assert proc.returncode == -9, "the job was killed by SIGKILL, not ended by itself"
     assert not (out / "model.pt").exists()
     latest = fl.checkpoint_steps(out)[-1]
     assert latest >= step and latest % EVERY == 0 and latest % per_epoch != 0  # mid-epoch
-    return latest, killed_at
+    return latest
 
 
-def resume(data, out, np_):
+def resume(data, out, np_, tmp_path):
+    """Run with --resume; (its output, seconds from the restart until training went on)."""
+    log = tmp_path / f"resume-{out.name}.log"
     t0 = time.monotonic()
-    proc = fl.run(fl.trainer_cmd(data, out, *RUN, "--resume", np_=np_))
-    return proc.stdout + proc.stderr, time.monotonic() - t0
+    proc = fl.start(fl.trainer_cmd(data, out, *RUN, "--resume", np_=np_), log)
+    fl.wait_for(lambda: "resumed from step" in log.read_text(), proc, what="the resume")
+    seconds = time.monotonic() - t0
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    return log.read_text(), seconds
 
 
 def test_sigkill_mid_epoch_then_resume_is_bitwise_equal_np1(tiny_features, tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     fl.run(fl.trainer_cmd(tiny_features, whole, *RUN))
-    latest, killed_at = kill_mid_epoch(tiny_features, killed, 1, tmp_path)
+    latest = kill_mid_epoch(tiny_features, killed, 1, tmp_path)
     damaged = tmp_path / "damaged"
     shutil.copytree(killed, damaged)
+    # Steps trained after the last checkpoint are trained again: at most EVERY of them.
+    last_logged = max(r["step"] for r in fl.read_jsonl(killed / "train_log.jsonl"))
+    assert 0 <= last_logged - latest <= EVERY
 
-    log, seconds = resume(tiny_features, killed, 1)
+    log, seconds = resume(tiny_features, killed, 1, tmp_path)
     assert f"resumed from step {latest} " in log
     assert fl.same_model(whole / "model.pt", killed / "model.pt")
     assert fl.summary(killed)["steps"] == fl.summary(whole)["steps"]
-    fl.record("restart_np1", resumed_from=latest, resume_run_seconds=round(seconds, 1),
-              recovered_after_kill_seconds=round(time.monotonic() - killed_at, 1))
+    fl.record("restart_np1", resumed_from=latest, restart_to_training_seconds=round(seconds, 1),
+              steps_redone_at_least=last_logged - latest, at_most=EVERY)
 
     # The same killed run, now with its latest checkpoint truncated, the one before corrupted
     # (same size, bytes flipped) and a newer file that would run code when unpickled.
@@ -68,7 +76,7 @@ def test_sigkill_mid_epoch_then_resume_is_bitwise_equal_np1(tiny_features, tmp_p
     second.write_bytes(bytes(data))
     marker = tmp_path / "code-ran"
     save_state(ckpt / "step-000000999.pt", {"model": RunsCode(marker)})
-    log, _ = resume(tiny_features, damaged, 1)
+    log, _ = resume(tiny_features, damaged, 1, tmp_path)
     assert "step-000000999.pt: cannot be loaded" in log and "Weights only load failed" in log
     assert not marker.exists(), "loading a checkpoint ran code"
     assert f"skipping damaged checkpoint {newest}" in log and "truncated or corrupted" in log
@@ -93,16 +101,15 @@ class RunsCode:
 def test_sigkill_mid_epoch_then_resume_np2(tiny_features, tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     fl.run(fl.trainer_cmd(tiny_features, whole, *RUN, np_=2))
-    latest, killed_at = kill_mid_epoch(tiny_features, killed, 2, tmp_path)
-    log, seconds = resume(tiny_features, killed, 2)
+    latest = kill_mid_epoch(tiny_features, killed, 2, tmp_path)
+    log, seconds = resume(tiny_features, killed, 2, tmp_path)
     assert f"resumed from step {latest} " in log
     checksums = fl.summary(killed)["parameter_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1]
     # Two ranks over Gloo sum in a fixed order and each rank's RNG is restored: bitwise too.
     difference = fl.max_abs_difference(whole / "model.pt", killed / "model.pt")
     assert difference == 0.0
-    fl.record("restart_np2", resumed_from=latest, resume_run_seconds=round(seconds, 1),
-              recovered_after_kill_seconds=round(time.monotonic() - killed_at, 1),
+    fl.record("restart_np2", resumed_from=latest, restart_to_training_seconds=round(seconds, 1),
               max_abs_difference=difference)
 
 
