@@ -20,8 +20,8 @@ from hvd_ctsm.elastic import (GlobalOrder, RowGroupCache, SampleClock, announce_
                               set_lr_scale)
 from hvd_ctsm.train import (Run, build_model, log_training, optimizer_step, parameter_checksum,
                             save_final_model, validate)
-from hvd_ctsm.train_support import (_NoBar, autocast_for, build_model_sizes, lr_scale, lr_schedule,
-                                    warm_start)
+from hvd_ctsm.train_support import (autocast_for, build_model_sizes, lr_scale, lr_schedule,
+                                    progress_bar, warm_start)
 
 
 def build(cfg, init_from):
@@ -87,7 +87,7 @@ def run(cfg, init_from: str | None = None) -> dict:
                 state.rows, state.step = rows, state.step + 1
                 state.samples = clock.samples = state.samples + batch * dist.size()
                 if state.step % cfg.log_every_steps == 0:
-                    log_training(run_, state.step, losses, _NoBar())
+                    log_training(run_, state.step, losses, progress_bar(False, 0, 0))
                 if state.step % cfg.commit_every_steps == 0:
                     commit(state)
             end_epoch(state, run_, out)

@@ -18,7 +18,7 @@ from hvd_ctsm.elastic import row_groups
 
 pytestmark = [pytest.mark.horovod, pytest.mark.spark, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
-BATCH, EVERY, EPOCHS = 16, 3, 3
+BATCH, EVERY, EPOCHS = 16, 3, 4  # 4 epochs: time for the rejoin (~15 s) at size 1
 RUN = ["--epochs", str(EPOCHS), f"commit_every_steps={EVERY}"]
 LAUNCH = [fl.HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
           str(REPO / "scripts" / "local_hosts.sh"), "--network-interface", "lo",
