@@ -27,6 +27,7 @@ usage: ./run.sh STEP [args...]
   train      the trainer under horovodrun  (NP=2 ./run.sh train --data DIR ...)
   backtest   offline evaluation + gate     (python -m hvd_ctsm.backtest ...)
   deploy     copy a gated model into the registry (python -m hvd_ctsm.deploy ...)
+  elastic    elastic training on this machine (horovodrun --min-np 1 --max-np 2, see README)
   bench      every benchmark, then benchmarks/RESULTS.md (~35 min on 2 cores; --quick, --only)
 EOF
 }
@@ -73,6 +74,16 @@ demo() {
     py -m hvd_ctsm.deploy --model "$model" --report "$model/backtest.json" --registry "$registry"
 }
 
+# Elastic Horovod on one machine: two host names for it (scripts/local_hosts.sh), the loopback
+# interface, and a cooldown after which a failed worker's host is tried again (it rejoins).
+# On a cluster, point HOSTS_SCRIPT at a script that prints the live hosts.
+elastic() {
+    "$VENV/bin/horovodrun" -np 2 --min-np 1 --max-np 2 \
+        --host-discovery-script "${HOSTS_SCRIPT:-$REPO/scripts/local_hosts.sh}" \
+        --network-interface lo --blacklist-cooldown-range 10 60 --gloo \
+        "$VENV/bin/python" -m hvd_ctsm.train --elastic ${CONFIG:+--config "$CONFIG"} "$@"
+}
+
 run_tests() {
     ensure_setup
     # Each Horovod rank and Spark would otherwise start one thread per core and fight.
@@ -92,6 +103,7 @@ main() {
         train) ensure_setup; hvdrun "$VENV/bin/python" -m hvd_ctsm.train ${CONFIG:+--config "$CONFIG"} "$@" ;;
         backtest) ensure_setup; py -m hvd_ctsm.backtest "$@" ;;
         deploy) ensure_setup; py -m hvd_ctsm.deploy "$@" ;;
+        elastic) ensure_setup; elastic "$@" ;;
         bench) ensure_setup; PATH="$VENV/bin:$PATH" py benchmarks/run_all.py "$@" ;;
         help | -h | --help) usage ;;
         *) echo "unknown step: $step" >&2; usage >&2; exit 2 ;;

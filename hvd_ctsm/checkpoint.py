@@ -73,7 +73,16 @@ class CheckpointManager:
     def path_for(self, step: int) -> Path:
         return self.folder / f"step-{step:09d}.pt"
 
+    def remove_partial_writes(self) -> list[Path]:
+        """Temporary files of writes that a killed process never finished (never loaded)."""
+        partial = sorted(self.folder.glob(".*.tmp")) if self.folder.exists() else []
+        for tmp in partial:
+            tmp.unlink(missing_ok=True)
+            log.warning("removed %s: a checkpoint write interrupted by a crash", tmp.name)
+        return partial
+
     def save(self, state: dict, step: int, is_best: bool = False) -> Path:
+        self.remove_partial_writes()  # only rank 0 writes here, so none is in progress
         path = self.path_for(step)
         save_state(path, state)
         if is_best:

@@ -150,6 +150,9 @@ class TrainConfig:
     """A tqdm bar on rank 0."""
     max_steps: int = 0
     """Stop after this many optimizer steps in total (0: no limit); for smoke tests."""
+    commit_every_steps: int = 10
+    """Elastic runs (--elastic): commit the state in memory every N steps; a worker failure
+    sends the survivors back to the last commit, so it costs at most N steps of work."""
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -161,6 +164,8 @@ class TrainConfig:
         _check(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
         _check(self.checkpoint_every_steps >= 0 and self.max_steps >= 0, "must be >= 0")
         _one_of("amp", self.amp, {"auto", "bf16", "fp16", "off"})
+        _check(self.commit_every_steps >= 1,
+               f"commit_every_steps must be >= 1, got {self.commit_every_steps}")
 
 
 def to_dict(cfg) -> dict:

@@ -158,6 +158,26 @@ def shutdown() -> None:
         _hvd.shutdown()
 
 
+# --- Elastic Horovod (hvd_ctsm.elastic holds the training logic; only the calls live here) ---
+
+
+def is_elastic_launch() -> bool:
+    """True under `horovodrun --min-np/--max-np/--host-discovery-script` (elastic mode)."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def elastic_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, **values):
+    """hvd.elastic.TorchState: model and optimizer plus plain values, saved on commit(),
+    restored after a worker failure and broadcast from rank 0 to new workers."""
+    return _horovod().elastic.TorchState(model=model, optimizer=optimizer, **values)
+
+
+def elastic_run(fn):
+    """hvd.elastic.run: call fn(state) again after a failure (restored to the last commit) or a
+    change of hosts, on the new set of workers."""
+    return _horovod().elastic.run(fn)
+
+
 def parse_selftest(output: str) -> list[dict]:
     """The SELFTEST reports in a launcher's output (mpirun may put two ranks on one line)."""
     return [json.loads(m) for m in re.findall(r"SELFTEST (\{[^{}]*\})", output)]

@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from hvd_ctsm import distributed as dist
+from hvd_ctsm import faults
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import CheckpointManager, save_state
 from hvd_ctsm.config import TrainConfig, load_config, save_config, to_dict
@@ -93,18 +95,24 @@ class Run:
     total_steps: int
     writer: object = None
     timer: StepTimer = field(default_factory=StepTimer)
+    step_delay: float = 0.0  # injected by tests only (hvd_ctsm.faults)
 
 
 def log_training(run: Run, step: int, losses: dict, bar) -> None:
     """Average losses and time shares over ranks (a collective), then rank 0 logs them."""
     logged = dist.allreduce_mean({f"loss/{k}": v for k, v in losses.items()} | run.timer.shares())
+    per_rank = dist.allgather_object(run.timer.busy_and_wait())  # a straggler shows by rank
     if dist.is_root():
         rate = run.effective_batch / max(logged["time/step_seconds"], 1e-9)
+        stragglers = faults.step_time_report(*map(list, zip(*per_rank, strict=True)))
+        if stragglers["slow_ranks"]:
+            log.warning("step %d: slow rank(s) %s: busy seconds per step by rank %s", step,
+                        stragglers["slow_ranks"], stragglers["busy_s_by_rank"])
         record = logged | {"lr": run.scheduler.get_last_lr()[0], "samples_per_s": rate}
         for key, value in record.items():
             run.writer.add_scalar(key, value, step)
         with open(Path(run.cfg.out) / "train_log.jsonl", "a") as f:
-            f.write(json.dumps({"step": step} | record) + "\n")
+            f.write(json.dumps({"step": step} | record | {"step_time": stragglers}) + "\n")
         bar.set_postfix(loss=f"{logged['loss/next_item']:.3f}", rows_s=f"{rate:.0f}")
     run.timer.reset()
 
@@ -115,6 +123,8 @@ def optimizer_step(run: Run, batches, autocast, scaler) -> dict:
     losses = {}
     for _ in range(micro):
         with timer("data"):
+            if run.step_delay:
+                time.sleep(run.step_delay)
             batch = {k: v.to(run.device, non_blocking=True) for k, v in next(batches).items()}
         with timer("forward"), autocast():
             head_losses = run.model(batch)
@@ -169,7 +179,8 @@ def setup_run(cfg: TrainConfig, resume: bool, init_from: str | None) -> tuple[Ru
         op=cfg.dist.op, gradient_predivide_factor=cfg.dist.gradient_predivide_factor)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_schedule(cfg.optim, scale, total_steps))
-    run = Run(cfg, meta, model, optimizer, scheduler, plan, device, effective_batch, total_steps)
+    run = Run(cfg, meta, model, optimizer, scheduler, plan, device, effective_batch, total_steps,
+              step_delay=faults.injected_step_delay(dist.rank()))
     position = {"epoch": 0, "batch": 0, "step": 0, "best": {"ndcg@10": float("-inf")}}
     checkpoints = CheckpointManager(Path(cfg.out) / "checkpoints", cfg.keep_checkpoints)
     if resume:
@@ -295,6 +306,9 @@ def parse_args(argv):
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--init-from", help="warm-start from a model.pt (vocabulary may have grown)")
     p.add_argument("--overwrite", action="store_true", help="start afresh in an existing --out")
+    p.add_argument("--elastic", action="store_true",
+                   help="train under hvd.elastic.run (launch with horovodrun --min-np/--max-np "
+                        "--host-discovery-script); see hvd_ctsm/elastic.py")
     return p.parse_intermixed_args(argv)
 
 
@@ -315,13 +329,32 @@ def main(argv: list[str] | None = None) -> int:
     for flag, key in ((args.data, "data.path"), (args.out, "out"), (args.epochs, "epochs")):
         if flag is not None:
             overrides.append(f"{key}={flag}")
-    cfg = load_config(args.config, overrides)
+    try:
+        cfg = load_config(args.config, overrides)
+    except ValueError as exc:  # stops here, before any worker starts Horovod
+        raise SystemExit(f"error: {exc}") from exc
     if not cfg.data.path:
         raise SystemExit("error: --data DIR is required (a folder written by the feature job)")
-    check_out_folder(Path(cfg.out), args.resume, args.overwrite)
+    # An elastic job starts workers later too (replacements, rejoins): only the first rank 0
+    # checks the run folder; the others join whatever run it holds.
+    if not args.elastic or os.environ.get("HOROVOD_RANK", "0") == "0":
+        check_out_folder(Path(cfg.out), args.resume, args.overwrite)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    train(cfg, resume=args.resume, init_from=args.init_from)
-    dist.shutdown()
+    watcher = faults.start_stall_watcher(Path(cfg.out))
+    try:
+        if args.elastic:
+            from hvd_ctsm import elastic_loop
+
+            if args.resume:
+                raise SystemExit("error: --elastic keeps its state in memory; --resume is for "
+                                 "restarting a non-elastic run from its checkpoints")
+            elastic_loop.run(cfg, init_from=args.init_from)
+        else:
+            train(cfg, resume=args.resume, init_from=args.init_from)
+        dist.shutdown()
+    finally:
+        if watcher:
+            watcher.close()
     return 0
 
 

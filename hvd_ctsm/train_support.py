@@ -70,6 +70,11 @@ class StepTimer:
     def mean_step_seconds(self) -> float:
         return sum(self.totals.values()) / max(self.steps, 1)
 
+    def busy_and_wait(self) -> tuple[float, float]:
+        """Mean seconds per step spent working, and waiting in the gradient allreduce."""
+        wait = self.totals["allreduce"] / max(self.steps, 1)
+        return self.mean_step_seconds() - wait, wait
+
     def shares(self) -> dict[str, float]:
         total = sum(self.totals.values()) or 1.0
         shares = {f"time_share/{p}": self.totals[p] / total for p in self.PHASES}

@@ -1,0 +1,113 @@
+"""Helpers for the fault-injection tests: start the real trainer, wait for a file, kill for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from hvd_ctsm.checkpoint import load_state
+
+HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
+SMALL = ["data.batch_size=16", "model.dim=32", "model.layers=1", "model.dropout=0.1",
+         "optim.lr=0.005", "optim.warmup_steps=5", "log_every_steps=2", "progress=false"]
+
+
+def trainer_cmd(data, out, *extra, np_: int = 1, launcher: list[str] | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out),
+           *SMALL, *extra]
+    if np_ > 1 or launcher:
+        cmd = (launcher or [HOROVODRUN, "-np", str(np_), "--gloo"]) + cmd
+    return cmd
+
+
+def env_with(**extra) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+
+
+def run(cmd, timeout=300, check=True, **env) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=env_with(**env))
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def start(cmd, log_path: Path, **env) -> subprocess.Popen:
+    """Start in a new session so that the whole job can be killed; output goes to log_path."""
+    log = open(log_path, "w")  # noqa: SIM115  closed by the process's exit
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env_with(**env),
+                            start_new_session=True)
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 240, what: str = ""):
+    """Poll until predicate() is truthy; fail if the process ended first or time ran out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended (rc={proc.returncode}) before {what}")
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def sigkill_tree(proc: subprocess.Popen) -> float:
+    """SIGKILL the launcher and every process under it (workers first); returns the kill time."""
+    parent = psutil.Process(proc.pid)
+    victims = parent.children(recursive=True) + [parent]
+    killed_at = time.monotonic()
+    for p in victims:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=30)
+    psutil.wait_procs(victims, timeout=10)
+    return killed_at
+
+
+def checkpoint_steps(out: Path) -> list[int]:
+    return sorted(int(p.name[5:14]) for p in (Path(out) / "checkpoints").glob("step-*.pt"))
+
+
+def mid_epoch_checkpoint(out: Path, at_least: int):
+    """The newest complete (checksum written) checkpoint at or after step `at_least`, or None."""
+    steps = [s for s in checkpoint_steps(out) if s >= at_least
+             and (Path(out) / "checkpoints" / f"step-{s:09d}.pt.sha256").exists()]
+    return steps[-1] if steps else None
+
+
+def same_model(a: Path, b: Path) -> bool:
+    x, y = load_state(a)["model"], load_state(b)["model"]
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def max_abs_difference(a: Path, b: Path) -> float:
+    x, y = load_state(a)["model"], load_state(b)["model"]
+    return max(float((x[k].float() - y[k].float()).abs().max()) for k in x)
+
+
+def summary(out: Path) -> dict:
+    return json.loads((Path(out) / "train_summary.json").read_text())
+
+
+def read_jsonl(path) -> list[dict]:
+    path = Path(path)
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def record(test: str, **values) -> None:
+    """Measurements for docs/RELIABILITY.md: appended to $HVD_CTSM_RELIABILITY_LOG when set."""
+    path = os.environ.get("HVD_CTSM_RELIABILITY_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": test} | values) + "\n")

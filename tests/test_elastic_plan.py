@@ -1,0 +1,56 @@
+"""The elastic data plan as pure functions: whatever the sizes the job goes through, every row of
+an epoch is trained at most once, and fewer than one global batch is left out at the end."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hvd_ctsm.elastic import GlobalOrder, RowGroup
+from hvd_ctsm.faults import parse_delays, step_time_report
+
+
+def slice_rows(order: GlobalOrder, rows: int, rank: int, batch: int) -> list[tuple[int, int]]:
+    """(row group, row in group) pairs of one rank's batch, as rank_slice picks them."""
+    start = rows + rank * batch
+    picked = []
+    for g, lo, hi in order.segments(start, start + batch):
+        picked.extend((g, int(i)) for i in order.row_permutation(g)[lo:hi])
+    return picked
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=12), batch=st.integers(1, 8),
+       seed=st.integers(0, 5), epoch=st.integers(0, 3),
+       world=st.lists(st.integers(1, 4), min_size=1, max_size=6), data=st.data())
+def test_resharding_trains_each_row_at_most_once(sizes, batch, seed, epoch, world, data):
+    order = GlobalOrder([RowGroup("f", i, n) for i, n in enumerate(sizes)], seed, epoch)
+    trained, rows = [], 0
+    for size in world:  # the world size changes after a few steps, at a commit
+        steps = data.draw(st.integers(0, order.steps_left(rows, size, batch)))
+        if size == world[-1]:
+            steps = order.steps_left(rows, size, batch)  # the last size ends the epoch
+        for _ in range(steps):
+            for rank in range(size):
+                trained.extend(slice_rows(order, rows, rank, batch))
+            rows += size * batch
+    assert len(trained) == len(set(trained)) == rows  # no row twice
+    assert all(0 <= r < sizes[g] for g, r in trained)
+    assert order.total - rows < world[-1] * batch  # less than one global batch left out
+
+
+def test_the_order_depends_on_seed_and_epoch_only():
+    groups = [RowGroup("f", i, 10) for i in range(6)]
+    a, b = GlobalOrder(groups, 1, 0), GlobalOrder(groups, 1, 0)
+    assert np.array_equal(a.group_order, b.group_order)
+    assert not np.array_equal(a.group_order, GlobalOrder(groups, 1, 1).group_order) or \
+        not np.array_equal(a.row_permutation(0), GlobalOrder(groups, 1, 1).row_permutation(0))
+
+
+def test_fault_knob_and_straggler_report():
+    assert parse_delays("1:0.5, *:0.1") == {"1": 0.5, "*": 0.1}
+    with pytest.raises(ValueError, match="expected RANK:SECONDS"):
+        parse_delays("one:2")
+    report = step_time_report([0.1, 0.11, 0.9], [0.8, 0.79, 0.0])
+    assert report["slowest_rank"] == 2 and report["slow_ranks"] == [2]
+    assert step_time_report([0.2], [0.0])["slow_ranks"] == []  # one rank is never "slow"
