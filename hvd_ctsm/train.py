@@ -206,21 +206,17 @@ def setup_run(cfg: TrainConfig, resume: bool, init_from: str | None) -> tuple[Ru
 
 def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) -> dict:
     run, position = setup_run(cfg, resume, init_from)
-    out, root, micro = Path(cfg.out), dist.is_root(), cfg.dist.backward_passes_per_step
+    out, root = Path(cfg.out), dist.is_root()
     checkpoints = CheckpointManager(out / "checkpoints", cfg.keep_checkpoints)
     autocast, scaler = autocast_for(cfg.amp, run.device)
     bar = progress_bar(root and cfg.progress, run.total_steps, position["step"])
     step, best, history = position["step"], position["best"], []
     stop_at = min(run.total_steps, cfg.max_steps or run.total_steps)
     run.model.train()
+    if position["epoch"] < cfg.epochs:
+        batches = epoch_batches(run, position["epoch"], skip=position["batch"])
     for epoch in range(position["epoch"], cfg.epochs):
         done = position["batch"] if epoch == position["epoch"] else 0  # optimizer steps
-        batches = train_batches(split_url(cfg.data.path, "train"), dist.rank(), dist.size(),
-                                epoch, run.plan, cfg.data.batch_size * micro,
-                                run.model.sizes.max_len, cfg.seed, cfg.data.shuffle_buffer,
-                                skip=done)
-        batches = prefetch((chunk for big in batches for chunk in split_batch(big, micro)),
-                           cfg.data.prefetch_batches)
         while done < run.plan.steps and step < stop_at:
             losses = optimizer_step(run, batches, autocast, scaler)
             step, done = step + 1, done + 1
@@ -235,6 +231,8 @@ def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) 
             save_checkpoint(run, checkpoints, {"epoch": epoch, "batch": done, "step": step,
                                                "best": best})
             break
+        if epoch + 1 < cfg.epochs:  # read ahead: the reader opens while this epoch validates
+            batches = epoch_batches(run, epoch + 1, skip=0)
         is_best = False
         if (epoch + 1) % cfg.eval_every_epochs == 0 or epoch + 1 == cfg.epochs:
             metrics = validate(run.model, cfg, run.meta, run.device)
@@ -256,6 +254,16 @@ def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) 
         run.writer.close()
         log.info("done after %d steps; ranks in sync: %s", step, len(set(checksums)) == 1)
     return summary
+
+
+def epoch_batches(run: Run, epoch: int, skip: int):
+    """This rank's micro-batches of one epoch, produced ahead by a thread that starts now."""
+    cfg, micro = run.cfg, run.cfg.dist.backward_passes_per_step
+    batches = train_batches(split_url(cfg.data.path, "train"), dist.rank(), dist.size(), epoch,
+                            run.plan, cfg.data.batch_size * micro, run.model.sizes.max_len,
+                            cfg.seed, cfg.data.shuffle_buffer, skip=skip)
+    return prefetch((chunk for big in batches for chunk in split_batch(big, micro)),
+                    cfg.data.prefetch_batches)
 
 
 def split_batch(batch: dict, parts: int) -> list[dict]:
