@@ -38,12 +38,17 @@ def model_file(path: str | Path) -> Path:
 
 def load_model(path: str | Path) -> tuple[CTSM, dict]:
     state = load_state(model_file(path))
+    return model_from_state(state), state
+
+
+def model_from_state(state: dict) -> CTSM:
+    """The CTSM saved in a model.pt state (as loaded by checkpoint.load_state), in eval mode."""
     cfg = state["config"]["model"]
     model = CTSM(ModelSizes(**state["sizes"]), dim=cfg["dim"], layers=cfg["layers"],
                  heads=cfg["heads"], dropout=cfg["dropout"], loss=cfg["loss"],
                  negatives=cfg["negatives"], head_names=tuple(cfg["head_weights"]))
     model.load_state_dict(state["model"])
-    return model.eval(), state
+    return model.eval()
 
 
 def parse_gate(text: str) -> list[tuple[str, str, str, float]]:
