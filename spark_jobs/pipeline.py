@@ -170,7 +170,7 @@ def parse_args(argv=None):
     p.add_argument("--row-groups", type=int, default=64)
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[NUM_PROC])")
     p.add_argument("train_args", nargs="*", help="trainer overrides, e.g. epochs=3 model.dim=32")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)
 
 
 def main(argv=None) -> int:
