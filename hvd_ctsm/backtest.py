@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from hvd_ctsm.api import make_callable
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import load_state
 from hvd_ctsm.data import eval_batches, read_metadata, split_url
@@ -136,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
               f"(value {check['value']:.5f})")
     print(f"report: {args.report}")
     return 1 if report["gate"]["passed"] is False else 0
+
+
+# `from hvd_ctsm import backtest` is also the notebook function (hvd_ctsm.api.backtest).
+make_callable(__name__)
 
 
 def cli() -> None:

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hvd_ctsm.api import make_callable
+
 SCORE_COLUMNS = ("client_id", "rank", "item_id", "item", "score", "p_sale")
 
 
@@ -169,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(json.dumps(summary))
     return 0
+
+
+# `from hvd_ctsm import score` is also the notebook function (hvd_ctsm.api.score).
+make_callable(__name__)
 
 
 def cli() -> None:
