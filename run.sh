@@ -22,7 +22,7 @@ usage: ./run.sh STEP [args...]
   doctor     check the stack: versions, Horovod build, a real 2-rank allreduce, Spark, Petastorm
   demo       the whole chain on synthetic data, on CPU: features -> train (NP ranks) -> backtest -> gate -> deploy -> score
   test       the test suite (what CI runs)
-  lint       ruff and isort
+  lint       ruff, isort and hadolint (the Dockerfiles)
   features   the Spark feature job         (python -m spark_jobs.build_features ...)
   train      the trainer under horovodrun  (NP=2 ./run.sh train --data DIR ...)
   backtest   offline evaluation + gate     (python -m hvd_ctsm.backtest ...)
@@ -103,7 +103,8 @@ main() {
         doctor) ensure_setup; py -m hvd_ctsm.doctor "$@" ;;
         demo) demo "$@" ;;
         test) run_tests "$@" ;;
-        lint) ensure_setup; py -m ruff check . && py -m isort --check-only --diff . ;;
+        lint) ensure_setup; py -m ruff check . && py -m isort --check-only --diff . &&
+            "$VENV/bin/hadolint" docker/Dockerfile.* ;;
         features) ensure_setup; py -m spark_jobs.build_features "$@" ;;
         train) ensure_setup; hvdrun "$VENV/bin/python" -m hvd_ctsm.train ${CONFIG:+--config "$CONFIG"} "$@" ;;
         backtest) ensure_setup; py -m hvd_ctsm.backtest "$@" ;;
