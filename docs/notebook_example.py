@@ -36,7 +36,7 @@ meta = build_features(spark, "synthetic:clients=160,items=60,events=6000,seed=3"
 print("examples per split:", {k: v["rows"] for k, v in meta["splits"].items()})
 
 # %% 2. Train: one Horovod rank per Spark task (Gloo), the same trainer as under horovodrun
-summary = train(spark, WORK / "features", WORK / "run", num_proc=NUM_PROC, epochs=2,
+summary = train(spark, WORK / "features", WORK / "run", num_proc=NUM_PROC, epochs=1,
                 overrides=["data.batch_size=16", "model.dim=16", "model.layers=1",
                            "progress=false", "dist.threads_per_rank=1"])
 print("steps:", summary["steps"], "ranks:", summary["ranks"])

@@ -13,7 +13,7 @@ from tests.conftest import REPO, TINY_SOURCE
 
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
 BIN = Path(sys.executable).parent
-TRAIN = ["epochs=2", "data.batch_size=16", "model.dim=16", "model.layers=1", "progress=false",
+TRAIN = ["epochs=1", "data.batch_size=16", "model.dim=16", "model.layers=1", "progress=false",
          "dist.threads_per_rank=1"]
 
 
