@@ -34,7 +34,9 @@ def _train_rank(argv: list[str], env: dict[str, str]) -> dict:
 
 
 def resolved_config(argv: list[str]):
-    """The TrainConfig the ranks will build from argv (checked here, before any task starts)."""
+    """The TrainConfig the ranks will build from argv (checked here, before any task starts).
+
+    Mirrors the option handling of hvd_ctsm.train.main, which the ranks run unchanged."""
     from hvd_ctsm.train import parse_args
 
     args = parse_args(list(argv))
