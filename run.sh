@@ -20,15 +20,18 @@ usage: ./run.sh STEP [args...]
 
   setup      install the pinned stack into .venv (idempotent; Horovod wheel cached)
   doctor     check the stack: versions, Horovod build, a real 2-rank allreduce, Spark, Petastorm
-  demo       the whole chain on synthetic data, on CPU: features -> train (NP ranks) -> backtest -> gate -> deploy
+  demo       the whole chain on synthetic data, on CPU: features -> train (NP ranks) -> backtest -> gate -> deploy -> score
   test       the test suite (what CI runs)
-  lint       ruff and isort
+  lint       ruff, isort and hadolint (the Dockerfiles)
   features   the Spark feature job         (python -m spark_jobs.build_features ...)
   train      the trainer under horovodrun  (NP=2 ./run.sh train --data DIR ...)
   backtest   offline evaluation + gate     (python -m hvd_ctsm.backtest ...)
   deploy     copy a gated model into the registry (python -m hvd_ctsm.deploy ...)
   elastic    elastic training on this machine (horovodrun --min-np 1 --max-np 2, see README)
   bench      every benchmark, then benchmarks/RESULTS.md (~35 min on 2 cores; --quick, --only)
+  gate       apply a deploy gate to a backtest report (python -m hvd_ctsm.gate ...)
+  score      top-K unseen items per client, Parquet (python -m hvd_ctsm.score ...)
+  pipeline-spark  the whole chain as one Spark application (spark-submit spark_jobs/pipeline.py)
 EOF
 }
 
@@ -61,17 +64,31 @@ demo() {
     ensure_setup
     local data=$WORK/features model=$WORK/model registry=$WORK/registry
     local source=${DATA:-synthetic:clients=1200,items=300,events=60000,seed=7}
-    echo "[demo] 1/5 features: $source -> $data"
+    echo "[demo] 1/6 features: $source -> $data"
     py -m spark_jobs.build_features --source "$source" --out "$data" --split leave-last-out \
         --master "local[2]" --overwrite
-    echo "[demo] 2/5 train: horovodrun -np $NP (Gloo, CPU)"
+    echo "[demo] 2/6 train: horovodrun -np $NP (Gloo, CPU)"
     hvdrun "$VENV/bin/python" -m hvd_ctsm.train --data "$data" --out "$model" --config "${CONFIG:-default}" \
         --overwrite "epochs=${EPOCHS:-6}" "$@"
-    echo "[demo] 3/5 + 4/5 backtest and gate"
-    py -m hvd_ctsm.backtest --data "$data" --model "$model" --report "$model/backtest.json" \
-        --gate "${GATE:-ndcg@10>=0.05}"
-    echo "[demo] 5/5 deploy"
+    echo "[demo] 3/6 backtest"
+    py -m hvd_ctsm.backtest --data "$data" --model "$model" --report "$model/backtest.json"
+    echo "[demo] 4/6 gate"
+    py -m hvd_ctsm.gate --report "$model/backtest.json" --gate "${GATE:-ndcg@10>=0.05}"
+    echo "[demo] 5/6 deploy"
     py -m hvd_ctsm.deploy --model "$model" --report "$model/backtest.json" --registry "$registry"
+    echo "[demo] 6/6 score: top-10 per client from the deployed model"
+    py -m hvd_ctsm.score --data "$data" --model "$registry" --out "$WORK/scores.parquet" --k 10
+}
+
+# The Spark route: one spark-submit application (features, horovod.spark training, backtest,
+# gate, deploy). The venv's bin goes first on PATH so that executors run its python.
+pipeline_spark() {
+    ensure_setup
+    local source=${DATA:-synthetic:clients=1200,items=300,events=60000,seed=7}
+    PATH="$VENV/bin:$PATH" PYSPARK_PYTHON="$VENV/bin/python" "$VENV/bin/spark-submit" \
+        --master "local[$NP]" spark_jobs/pipeline.py --source "$source" --work "$WORK/pipeline" \
+        --registry "$WORK/registry" --num-proc "$NP" --config "${CONFIG:-default}" \
+        --gate "${GATE:-ndcg@10>=0.05}" "epochs=${EPOCHS:-6}" "$@"
 }
 
 # Elastic Horovod on one machine: two host names for it (scripts/local_hosts.sh), the loopback
@@ -98,13 +115,17 @@ main() {
         doctor) ensure_setup; py -m hvd_ctsm.doctor "$@" ;;
         demo) demo "$@" ;;
         test) run_tests "$@" ;;
-        lint) ensure_setup; py -m ruff check . && py -m isort --check-only --diff . ;;
+        lint) ensure_setup; py -m ruff check . && py -m isort --check-only --diff . &&
+            "$VENV/bin/hadolint" docker/Dockerfile.* ;;
         features) ensure_setup; py -m spark_jobs.build_features "$@" ;;
         train) ensure_setup; hvdrun "$VENV/bin/python" -m hvd_ctsm.train ${CONFIG:+--config "$CONFIG"} "$@" ;;
         backtest) ensure_setup; py -m hvd_ctsm.backtest "$@" ;;
         deploy) ensure_setup; py -m hvd_ctsm.deploy "$@" ;;
         elastic) ensure_setup; elastic "$@" ;;
         bench) ensure_setup; PATH="$VENV/bin:$PATH" py benchmarks/run_all.py "$@" ;;
+        gate) ensure_setup; py -m hvd_ctsm.gate "$@" ;;
+        score) ensure_setup; py -m hvd_ctsm.score "$@" ;;
+        pipeline-spark) pipeline_spark "$@" ;;
         help | -h | --help) usage ;;
         *) echo "unknown step: $step" >&2; usage >&2; exit 2 ;;
     esac

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from hvd_ctsm.api import make_callable
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import load_state
 from hvd_ctsm.data import eval_batches, read_metadata, split_url
@@ -38,12 +39,17 @@ def model_file(path: str | Path) -> Path:
 
 def load_model(path: str | Path) -> tuple[CTSM, dict]:
     state = load_state(model_file(path))
+    return model_from_state(state), state
+
+
+def model_from_state(state: dict) -> CTSM:
+    """The CTSM saved in a model.pt state (as loaded by checkpoint.load_state), in eval mode."""
     cfg = state["config"]["model"]
     model = CTSM(ModelSizes(**state["sizes"]), dim=cfg["dim"], layers=cfg["layers"],
                  heads=cfg["heads"], dropout=cfg["dropout"], loss=cfg["loss"],
                  negatives=cfg["negatives"], head_names=tuple(cfg["head_weights"]))
     model.load_state_dict(state["model"])
-    return model.eval(), state
+    return model.eval()
 
 
 def parse_gate(text: str) -> list[tuple[str, str, str, float]]:
@@ -131,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
               f"(value {check['value']:.5f})")
     print(f"report: {args.report}")
     return 1 if report["gate"]["passed"] is False else 0
+
+
+# `from hvd_ctsm import backtest` is also the notebook function (hvd_ctsm.api.backtest).
+make_callable(__name__)
 
 
 def cli() -> None:

@@ -178,6 +178,39 @@ def elastic_run(fn):
     return _horovod().elastic.run(fn)
 
 
+# --- Horovod on Spark (horovod.spark is imported only when these are called) -------------------
+
+
+def spark_run(fn, args: tuple = (), num_proc: int = 2, env: dict | None = None,
+              start_timeout: int | None = None, verbose: int = 1) -> list:
+    """Run fn(*args) as `num_proc` Horovod ranks over Gloo, one per Spark task of the active
+    SparkContext (horovod.spark.run); returns fn's results in rank order.
+
+    The ranks are processes started by the Spark tasks with the driver's interpreter, so
+    executors must have the same Python environment (true in local mode and on a cluster with
+    the package installed on every node)."""
+    import horovod.spark
+
+    return horovod.spark.run(fn, args=args, num_proc=num_proc, use_gloo=True, env=env,
+                             start_timeout=start_timeout, verbose=verbose)
+
+
+def torch_estimator(**kwargs):
+    """horovod.spark.torch.TorchEstimator(**kwargs) (the driver script must be guarded by
+    `if __name__ == "__main__":`: the estimator starts processes with spawn)."""
+    from horovod.spark.torch import TorchEstimator
+
+    return TorchEstimator(**kwargs)
+
+
+def spark_store(path: str):
+    """horovod.spark.common.store.Store for a path: LocalStore for a local folder, HDFSStore for
+    hdfs://, DBFSLocalStore for /dbfs/ on Databricks (Store.create picks by prefix)."""
+    from horovod.spark.common.store import Store
+
+    return Store.create(path)
+
+
 def parse_selftest(output: str) -> list[dict]:
     """The SELFTEST reports in a launcher's output (mpirun may put two ranks on one line)."""
     return [json.loads(m) for m in re.findall(r"SELFTEST (\{[^{}]*\})", output)]

@@ -27,6 +27,7 @@ import torch
 
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import faults
+from hvd_ctsm.api import make_callable
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import CheckpointManager, save_state
 from hvd_ctsm.config import TrainConfig, load_config, save_config, to_dict
@@ -364,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
         if watcher:
             watcher.close()
     return 0
+
+
+# `from hvd_ctsm import train` is also the notebook function (hvd_ctsm.api.train).
+make_callable(__name__)
 
 
 def cli() -> None:

@@ -120,7 +120,9 @@ install_horovod() {
     step "horovod $HOROVOD_VERSION (C++17 build, cached wheel)"
     local dir note="(from cache)"
     dir=$(horovod_wheel_dir)
-    if "$VENV/bin/python" -c "import horovod.torch, horovod; assert horovod.__version__ == '$HOROVOD_VERSION'" 2>/dev/null; then
+    local nccl_check=""  # a GPU build must really have NCCL, not just any installed Horovod
+    [[ ${HOROVOD_GPU_OPERATIONS:-} == NCCL ]] && nccl_check="; assert horovod.torch.nccl_built()"
+    if "$VENV/bin/python" -c "import horovod.torch, horovod; assert horovod.__version__ == '$HOROVOD_VERSION'$nccl_check" 2>/dev/null; then
         done_step "(installed)"; return
     fi
     if ! ls "$dir"/horovod-*.whl >/dev/null 2>&1; then

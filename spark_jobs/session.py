@@ -21,7 +21,7 @@ DEFAULT_CONF = {
 }
 
 
-def get_spark(master: str = "local[*]", app_name: str = "hvd_ctsm-features", **conf):
+def get_spark(master: str | None = "local[*]", app_name: str = "hvd_ctsm-features", **conf):
     """Return the active SparkSession, or start one on `master` with DEFAULT_CONF plus `conf`.
 
     Keys in `conf` may use underscores for dots (spark_sql_shuffle_partitions="4"). An active
@@ -42,7 +42,9 @@ def get_spark(master: str = "local[*]", app_name: str = "hvd_ctsm-features", **c
     # Python workers must run the interpreter of the driver (the virtual environment).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.appName(app_name)
+    if master:  # None: leave it to spark-submit's --master
+        builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

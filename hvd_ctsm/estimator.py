@@ -1,0 +1,120 @@
+"""Spark ML route: horovod.spark.torch.TorchEstimator on a DataFrame of sequences.
+
+    python -m hvd_ctsm.estimator --data FEATURES --store DIR --out PREDICTIONS [--num-proc 2]
+
+`fit(df)` trains a CTSM's encoder and p(sale) head on (history, item, label) rows through a
+Store, with Horovod on the Spark executors, and returns a Spark ML Transformer whose `transform`
+adds `label__output` = p(sale) to every (client, item) row. The Store holds the intermediate
+Parquet data and the run's checkpoints: a local folder here, `hdfs://...` (HDFSStore) on Hadoop,
+`/dbfs/...` (DBFSLocalStore) on Databricks; `hvd_ctsm.distributed.spark_store` picks by prefix.
+
+The estimator starts helper processes with `spawn`, which re-imports the driver's main module:
+a driver script must keep its work under a `__main__` guard (as this module does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+from torch import nn
+
+from hvd_ctsm.model import CTSM, ModelSizes
+from hvd_ctsm.schema import EVENT_TYPE_INDEX, EVENT_TYPES
+
+FEATURES, LABEL = ["history", "item"], "label"
+
+
+class SequenceSaleModel(nn.Module):
+    """p(sale) of (history of item indices, right-padded with 0, candidate item): a CTSM encoder
+    and its sale head, for rows that carry item sequences only (every event a purchase)."""
+
+    def __init__(self, num_items: int, max_len: int, dim: int = 32, layers: int = 1,
+                 heads: int = 2, dropout: float = 0.1):
+        super().__init__()
+        sizes = ModelSizes(num_items=num_items, num_event_types=len(EVENT_TYPES) + 1,
+                           max_len=max_len)
+        self.ctsm = CTSM(sizes, dim=dim, layers=layers, heads=heads, dropout=dropout,
+                         head_names=("next_item", "sale"))
+
+    def forward(self, history: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
+        history = history.long().reshape(item.shape[0], -1)
+        present = history > 0
+        batch = {"item": history,
+                 "event_type": present.long() * EVENT_TYPE_INDEX["purchase"],
+                 "value": torch.zeros(history.shape), "log_gap": torch.zeros(history.shape),
+                 "client_attrs": torch.zeros((*history.shape, 0), dtype=torch.long)}
+        last = (present.sum(dim=1) - 1).clamp(min=0)
+        states = self.ctsm.encoder(batch)[torch.arange(len(last)), last]
+        return self.ctsm.p_sale(states, item.long().reshape(-1))
+
+
+def sequence_frame(spark, data: str, split: str, max_len: int):
+    """(client_id, history, item, label) rows, one per target of a feature-job split; history:
+    the item indices up to the target's position (the last max_len), right-padded to max_len."""
+    from petastorm.spark_utils import dataset_as_rdd
+
+    from hvd_ctsm.data import split_url
+    from hvd_ctsm.schema import make_schema
+
+    def rows(example):
+        for pos, item, label in zip(example.target_pos, example.target_item,
+                                    example.target_label, strict=True):
+            history = [int(i) for i in example.item[:pos + 1][-max_len:]]
+            yield (str(example.client_id), history + [0] * (max_len - len(history)), int(item),
+                   float(label))
+
+    schema = make_schema()
+    fields = ["client_id", "item", "target_pos", "target_item", "target_label"]
+    rdd = dataset_as_rdd(split_url(data, split), spark, [schema.fields[f] for f in fields])
+    return spark.createDataFrame(rdd.flatMap(rows),
+                                 "client_id string, history array<int>, item int, label float")
+
+
+def build_estimator(store_path: str, num_items: int, max_len: int, num_proc: int = 2,
+                    epochs: int = 2, batch_size: int = 64, lr: float = 0.005):
+    from hvd_ctsm import distributed
+
+    model = SequenceSaleModel(num_items, max_len)
+    return distributed.torch_estimator(
+        num_proc=num_proc, store=distributed.spark_store(store_path), model=model,
+        optimizer=torch.optim.Adam(model.parameters(), lr=lr), loss=nn.BCELoss(),
+        input_shapes=[[-1, max_len], [-1]], feature_cols=FEATURES, label_cols=[LABEL],
+        batch_size=batch_size, epochs=epochs, verbose=0)
+
+
+def fit_and_predict(spark, data: str, store: str, num_proc: int = 2, epochs: int = 2,
+                    max_len: int = 20):
+    """Fit on the train split's targets, transform the test split's; (model, predictions)."""
+    from hvd_ctsm.data import read_metadata
+
+    num_items = int(read_metadata(data)["vocab"]["items"])
+    estimator = build_estimator(store, num_items, max_len, num_proc, epochs)
+    fitted = estimator.fit(sequence_frame(spark, data, "train", max_len))
+    return fitted, fitted.transform(sequence_frame(spark, data, "test", max_len))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hvd_ctsm.estimator", description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="feature job output folder")
+    p.add_argument("--store", required=True, help="Store folder (local, hdfs://, /dbfs/)")
+    p.add_argument("--out", required=True, help="predictions of the test split (Parquet folder)")
+    p.add_argument("--num-proc", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--max-len", type=int, default=20, help="history length fed to the model")
+    p.add_argument("--master", default=None, help="Spark master (default local[NUM_PROC])")
+    args = p.parse_args(argv)
+    from spark_jobs.session import get_spark
+
+    spark = get_spark(master=args.master or f"local[{args.num_proc}]", app_name="hvd_ctsm-est")
+    _, predictions = fit_and_predict(spark, args.data, args.store, args.num_proc, args.epochs,
+                                     args.max_len)
+    predictions.write.mode("overwrite").parquet(args.out)
+    print(json.dumps({"predictions": spark.read.parquet(args.out).count()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

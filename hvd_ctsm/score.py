@@ -1,0 +1,185 @@
+"""Batch scoring: the top-K items for every client from a deployed model, as Parquet.
+
+    python -m hvd_ctsm.score --data FEATURES --model REGISTRY --out scores.parquet --k 10
+    spark-submit spark_jobs/score_topk.py ...      # the same, distributed (same options)
+
+--model takes a registry (its `current` version), a run folder or a model.pt. Each client is
+scored from its newest row in the feature dataset (`--split test`, one row per client): the
+client state after the last event of that row's history. Items the client ever had
+(`client_items`) and padding are never recommended. Output rows: client_id, rank (1..K), item_id
+(the raw id from vocab.json), item (its index), score (next-item logit) and p_sale (when the
+model has that head). The Parquet file appears whole or not at all (temp file, rename).
+A client with fewer than K items it never had gets them all and is counted as `short`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hvd_ctsm.api import make_callable
+
+SCORE_COLUMNS = ("client_id", "rank", "item_id", "item", "score", "p_sale")
+
+
+class ScoringError(ValueError):
+    """The inputs cannot be scored together; the message says why and what to do."""
+
+
+def resolve_model(path: str | Path) -> Path:
+    """A registry folder (its current version), a run folder or a model.pt -> the model.pt."""
+    from hvd_ctsm.backtest import model_file
+    from hvd_ctsm.deploy import current
+
+    path = Path(path)
+    if (path / "current").exists():
+        path = current(path)
+    found = model_file(path)
+    if not found.exists():
+        raise ScoringError(f"no model at {path}: pass a registry, a run folder or a model.pt")
+    return found
+
+
+def load_vocab_items(data: str | Path, model_state: dict) -> list[str]:
+    """Raw item ids by index, from the dataset's vocab.json, checked against the model's."""
+    from hvd_ctsm.data import read_metadata
+
+    meta = read_metadata(data)
+    if model_state.get("vocab_sha256") != meta.get("vocab_sha256", ""):
+        raise ScoringError(f"the model was trained on another vocabulary than {data}: score "
+                           "with the features it was trained on (or retrain)")
+    return json.loads((Path(data) / "vocab.json").read_text())["items"]
+
+
+def _batch_from_rows(rows: list, max_len: int) -> dict:
+    """Padded history tensors; one 'target' per row at its last history position."""
+    from hvd_ctsm.data import collate
+
+    batch = collate(rows, max_len)
+    lengths = torch.tensor([int(r.history_len) for r in rows])
+    batch["target_row"] = torch.arange(len(rows))
+    batch["target_pos"] = (lengths - 1).clamp(min=0)
+    return batch
+
+
+def score_rows(model, rows: Iterable, k: int, items: list[str],
+               batch_size: int = 256) -> Iterator[tuple]:
+    """(client_id, rank, item_id, item, score, p_sale) for each row's top-K unseen items."""
+    max_len = model.sizes.max_len
+    chunk = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == batch_size:
+            yield from _score_chunk(model, chunk, k, items, max_len)
+            chunk = []
+    if chunk:
+        yield from _score_chunk(model, chunk, k, items, max_len)
+
+
+@torch.no_grad()
+def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int) -> Iterator[tuple]:
+    batch = _batch_from_rows(rows, max_len)
+    states = model.encoder(batch)[batch["target_row"], batch["target_pos"]]
+    scores = model.score(states)
+    for i, row in enumerate(rows):
+        seen = torch.as_tensor(np.asarray(row.client_items, dtype=np.int64))
+        scores[i, seen[(seen >= 0) & (seen < scores.shape[1])]] = float("-inf")
+    top = scores.topk(min(k, scores.shape[1]), dim=-1)
+    p_sale = None
+    if "sale" in model.heads:
+        expanded = states.unsqueeze(1).expand(-1, top.indices.shape[1], -1)
+        p_sale = model.p_sale(expanded, top.indices).numpy()
+    values, indices = top.values.numpy(), top.indices.numpy()
+    for i, row in enumerate(rows):
+        for rank in range(indices.shape[1]):
+            if not np.isfinite(values[i, rank]):
+                break  # fewer unseen items than K
+            item = int(indices[i, rank])
+            yield (str(row.client_id), rank + 1, items[item], item, float(values[i, rank]),
+                   None if p_sale is None else float(p_sale[i, rank]))
+
+
+def arrow_table(records: list[tuple]):
+    import pyarrow as pa
+
+    columns = list(zip(*records, strict=True)) if records else [[] for _ in SCORE_COLUMNS]
+    types = [pa.string(), pa.int32(), pa.string(), pa.int32(), pa.float32(), pa.float32()]
+    return pa.table({name: pa.array(col, type=t)
+                     for name, col, t in zip(SCORE_COLUMNS, columns, types, strict=True)})
+
+
+def write_parquet_atomic(table, path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from hvd_ctsm.atomic import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def summarize(records: list[tuple], clients: int, k: int) -> dict:
+    per_client: dict[str, int] = {}
+    for record in records:
+        per_client[record[0]] = per_client.get(record[0], 0) + 1
+    return {"clients": clients, "scored_clients": len(per_client), "rows": len(records),
+            "short": sum(1 for n in per_client.values() if n < k), "k": k}
+
+
+def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: int = 10,
+                  split: str = "test") -> dict:
+    """Score every client of `data`'s split with the model; write `out`; return a summary."""
+    from hvd_ctsm.backtest import model_from_state
+    from hvd_ctsm.checkpoint import load_state
+    from hvd_ctsm.data import open_reader, split_url
+
+    if k < 1:
+        raise ScoringError(f"k must be >= 1, got {k}")
+    t0 = time.perf_counter()
+    state = load_state(resolve_model(model_path))
+    items = load_vocab_items(data, state)
+    model = model_from_state(state)
+    with open_reader(split_url(data, split), 0, 1, seed=None, shuffle=False) as reader:
+        rows = list(reader)
+    records = list(score_rows(model, rows, k, items))
+    write_parquet_atomic(arrow_table(records), Path(out))
+    return summarize(records, len(rows), k) | {"out": str(out),
+                                                "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hvd_ctsm.score", description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="feature job output folder")
+    p.add_argument("--model", required=True, help="registry, run folder or model.pt")
+    p.add_argument("--out", required=True, help="Parquet file to write")
+    p.add_argument("--k", type=int, default=10, help="items per client (default 10)")
+    p.add_argument("--split", default="test", choices=["test", "validation"],
+                   help="the rows that hold each client's newest history (default test)")
+    args = p.parse_args(argv)
+    try:
+        summary = score_dataset(args.data, args.model, args.out, args.k, args.split)
+    except ScoringError as exc:
+        print(f"hvd_ctsm.score: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary))
+    return 0
+
+
+# `from hvd_ctsm import score` is also the notebook function (hvd_ctsm.api.score).
+make_callable(__name__)
+
+
+def cli() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

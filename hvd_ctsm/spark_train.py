@@ -1,0 +1,96 @@
+"""Train inside a Spark application: the trainer's own entry point, run by horovod.spark.
+
+    from hvd_ctsm.spark_train import train_on_spark
+    summary = train_on_spark(["--data", DIR, "--out", RUN, "--config", "ml100k"], num_proc=2)
+
+Each of the `num_proc` Spark tasks starts one Horovod rank (Gloo) that runs
+`hvd_ctsm.train.main(argv)`, exactly what `horovodrun -np N python -m hvd_ctsm.train ARGV` runs: the
+same sharded Petastorm reading, the same allreduce, rank 0 alone writing the run folder. The
+run folder and the dataset must be on a filesystem that every executor and the driver see (local
+mode, or a shared mount such as /dbfs on Databricks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from hvd_ctsm.config import load_config
+from hvd_ctsm.data import read_metadata, shard_rows, split_url
+
+
+class SparkTrainingError(RuntimeError):
+    """Training on Spark did not produce a model; the message says why."""
+
+
+def _train_rank(argv: list[str], env: dict[str, str]) -> dict:
+    """Runs in every Horovod rank (a process started by a Spark task)."""
+    os.environ.update(env)
+    from hvd_ctsm import train
+
+    code = train.main(list(argv))
+    return {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "exit_code": code}
+
+
+def resolved_config(argv: list[str]):
+    """The TrainConfig the ranks will build from argv (checked here, before any task starts).
+
+    Mirrors the option handling of hvd_ctsm.train.main, which the ranks run unchanged."""
+    from hvd_ctsm.train import parse_args
+
+    args = parse_args(list(argv))
+    overrides = list(args.overrides)
+    for flag, key in ((args.data, "data.path"), (args.out, "out"), (args.epochs, "epochs")):
+        if flag is not None:
+            overrides.append(f"{key}={flag}")
+    cfg = load_config(args.config, overrides)
+    if not cfg.data.path:
+        raise SparkTrainingError("--data DIR is required (a folder written by the feature job)")
+    return cfg
+
+
+def check_dataset(data: str, num_proc: int) -> None:
+    """Stop on the driver, not in a rank, when the dataset cannot be sharded over num_proc."""
+    read_metadata(data)
+    rows = shard_rows(split_url(data, "train"), num_proc)
+    if min(rows) == 0:
+        raise SparkTrainingError(f"{data}: a shard of {num_proc} has no training rows: rebuild "
+                                 "the features with more row groups or use fewer ranks")
+
+
+def train_on_spark(argv: list[str], num_proc: int = 2, spark=None,
+                   threads_per_rank: int | None = None, start_timeout: int | None = None) -> dict:
+    """Run the trainer on `num_proc` Spark tasks; return the run's train_summary.json.
+
+    spark: an existing SparkSession (a notebook's); by default the active one, else a local one.
+    threads_per_rank: OMP/torch threads in each rank (default: cores / num_proc on this host).
+    """
+    if num_proc < 1:
+        raise SparkTrainingError(f"num_proc must be >= 1, got {num_proc}")
+    cfg = resolved_config(argv)
+    check_dataset(cfg.data.path, num_proc)
+    if spark is None:
+        from spark_jobs.session import get_spark
+
+        spark = get_spark(master=f"local[{num_proc}]", app_name="hvd_ctsm-train")
+    slots = spark.sparkContext.defaultParallelism
+    if slots < num_proc:
+        raise SparkTrainingError(f"the Spark application has {slots} task slots, fewer than "
+                                 f"num_proc={num_proc}: every rank needs its own task (all run "
+                                 "at once); lower num_proc or add executor cores")
+    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // num_proc)
+    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    from hvd_ctsm import distributed
+
+    try:
+        results = distributed.spark_run(_train_rank, args=(list(argv), env), num_proc=num_proc,
+                                        start_timeout=start_timeout)
+    except Exception as exc:  # horovod.spark reports a failed rank as a bare RuntimeError
+        raise SparkTrainingError(f"training on Spark failed: {exc}") from exc
+    failed = [r for r in results if r["exit_code"] != 0]
+    summary_path = Path(cfg.out) / "train_summary.json"
+    if failed or not summary_path.exists():
+        raise SparkTrainingError(f"training on Spark ended without {summary_path} "
+                                 f"(rank results: {results})")
+    return json.loads(summary_path.read_text())

@@ -1,0 +1,196 @@
+"""The whole chain in one Spark application: features -> train (horovod.spark) -> backtest -> gate
+-> deploy.
+
+    spark-submit --master 'local[2]' spark_jobs/pipeline.py --source SRC --work DIR \
+        --registry REGISTRY --gate 'ndcg@10>=0.05' [--num-proc 2] [--warm-start]
+    run_pipeline(spark, PipelineConfig(...))      # from a notebook with its own session
+
+Re-runnable: when REGISTRY already has a deployed model, the features extend its vocabulary
+(every known id keeps its index) and `--warm-start` starts training from its weights. Exit codes:
+0 deployed, 1 a step failed (its name and error are printed), 2 bad arguments, 3 the gate refused
+(nothing is deployed). WORK/pipeline.json records each step's outcome and seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (spark-submit): make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+
+EXIT_STEP_FAILED, EXIT_BAD_ARGS, EXIT_GATE_REFUSED = 1, 2, 3
+
+
+@dataclass
+class PipelineConfig:
+    """One pipeline run; validated on construction."""
+
+    source: str
+    """Events for the feature job (movielens:DIR, synthetic:k=v,..., events:PATH)."""
+    work: str
+    """Folder for this run: WORK/features, WORK/model, WORK/backtest.json, WORK/pipeline.json."""
+    registry: str
+    """Model registry (hvd_ctsm.deploy): read for the previous vocabulary, written on success."""
+    gate: str = "ndcg@10>=0.05"
+    """Deploy gate (hvd_ctsm.backtest syntax); the pipeline stops with exit code 3 below it."""
+    num_proc: int = 2
+    """Horovod ranks, one Spark task each (the application needs that many task slots)."""
+    config: str = "default"
+    """Trainer preset or YAML file."""
+    train_args: list[str] = field(default_factory=list)
+    """Extra trainer arguments, e.g. ['epochs=3', 'model.dim=32']."""
+    warm_start: bool = False
+    """Start training from the deployed model's weights (when there is one)."""
+    split: str = "leave-last-out"
+    """Feature job split kind."""
+    max_len: int = 200
+    """Feature job history length."""
+    row_groups: int = 64
+    """Feature job row groups per split (at least num_proc)."""
+
+    def __post_init__(self):
+        if self.num_proc < 1:
+            raise ValueError(f"num_proc must be >= 1, got {self.num_proc}")
+        if self.row_groups < self.num_proc:
+            raise ValueError(f"row_groups {self.row_groups} < num_proc {self.num_proc}: some "
+                             "ranks would get no rows")
+        from hvd_ctsm.backtest import parse_gate
+
+        if not parse_gate(self.gate):
+            raise ValueError("gate must name at least one rule, e.g. 'ndcg@10>=0.05'")
+
+
+class StepFailed(RuntimeError):
+    def __init__(self, step: str, error: BaseException):
+        super().__init__(f"step {step!r} failed: {type(error).__name__}: {error}")
+        self.step = step
+
+
+class Steps:
+    """Runs named steps, recording outcome and seconds in WORK/pipeline.json as it goes."""
+
+    def __init__(self, work: Path, config: PipelineConfig):
+        self.path = work / "pipeline.json"
+        self.record = {"config": asdict(config), "steps": [], "result": "running"}
+
+    def run(self, name: str, fn, *args, **kwargs):
+        print(f"[pipeline] {name}...", flush=True)
+        t0 = time.time()
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as exc:
+            self.add(name, "failed", t0, str(exc))
+            raise StepFailed(name, exc) from exc
+        self.add(name, "ok", t0)
+        return value
+
+    def add(self, name: str, outcome: str, t0: float, detail: str = "") -> None:
+        self.record["steps"].append({"step": name, "outcome": outcome, "detail": detail,
+                                     "seconds": round(time.time() - t0, 2)})
+        self.save()
+
+    def finish(self, result: str) -> None:
+        self.record["result"] = result
+        self.save()
+
+    def save(self) -> None:
+        from hvd_ctsm.atomic import atomic_write_bytes
+
+        atomic_write_bytes(self.path, json.dumps(self.record, indent=2).encode())
+
+
+def _features(spark, cfg: PipelineConfig, out: Path, previous_vocab: Path | None) -> dict:
+    from spark_jobs.build_features import build_features
+    from spark_jobs.config import FeatureConfig
+
+    return build_features(spark, FeatureConfig(
+        source=cfg.source, out=str(out), split=cfg.split, max_len=cfg.max_len,
+        row_groups=cfg.row_groups, overwrite=True,
+        previous_vocab=str(previous_vocab) if previous_vocab else None))
+
+
+def _backtest(data: Path, model: Path, report: Path, gate: str) -> bool:
+    from hvd_ctsm import backtest
+
+    return backtest.main(["--data", str(data), "--model", str(model), "--report", str(report),
+                          "--gate", gate]) == 0
+
+
+def run_pipeline(spark, cfg: PipelineConfig) -> int:
+    """Run every step in `spark`'s application; returns the exit code (see the module doc)."""
+    from hvd_ctsm import deploy
+    from hvd_ctsm.spark_train import train_on_spark
+
+    work = Path(cfg.work)
+    work.mkdir(parents=True, exist_ok=True)
+    data, model, report = work / "features", work / "model", work / "backtest.json"
+    deployed = deploy.current(cfg.registry)
+    steps = Steps(work, cfg)
+    try:
+        previous = deployed / "vocab.json" if deployed else None
+        steps.run("features", _features, spark, cfg, data, previous)
+        argv = ["--data", str(data), "--out", str(model), "--config", cfg.config, "--overwrite",
+                *cfg.train_args]
+        if cfg.warm_start and deployed:
+            argv += ["--init-from", str(deployed / "model.pt")]
+        steps.run("train", train_on_spark, argv, cfg.num_proc, spark)
+        if not steps.run("backtest", _backtest, data, model, report, cfg.gate):
+            steps.finish("gate refused: nothing deployed")
+            print(f"[pipeline] the gate {cfg.gate!r} refused the model: nothing deployed "
+                  f"(report: {report})", file=sys.stderr)
+            return EXIT_GATE_REFUSED
+        version = steps.run("deploy", deploy.deploy, model, report, cfg.registry)
+    except StepFailed as exc:
+        steps.finish(str(exc))
+        print(f"[pipeline] {exc}", file=sys.stderr)
+        return EXIT_STEP_FAILED
+    steps.finish(f"deployed {version}")
+    print(f"[pipeline] deployed {version}")
+    return 0
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="pipeline", description=__doc__.splitlines()[0])
+    p.add_argument("--source", required=True, help="movielens:DIR, synthetic:k=v,.. or events:PATH")
+    p.add_argument("--work", required=True, help="folder for this run's outputs")
+    p.add_argument("--registry", required=True, help="model registry folder")
+    p.add_argument("--gate", default=PipelineConfig.gate, help="deploy gate")
+    p.add_argument("--num-proc", type=int, default=2, help="Horovod ranks (Spark tasks)")
+    p.add_argument("--config", default="default", help="trainer preset or YAML")
+    p.add_argument("--warm-start", action="store_true", help="start from the deployed model")
+    p.add_argument("--split", default="leave-last-out", choices=("time", "leave-last-out"))
+    p.add_argument("--max-len", type=int, default=200)
+    p.add_argument("--row-groups", type=int, default=64)
+    p.add_argument("--master", help="Spark master (default: spark-submit's, else local[NUM_PROC])")
+    p.add_argument("train_args", nargs="*", help="trainer overrides, e.g. epochs=3 model.dim=32")
+    return p.parse_intermixed_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = PipelineConfig(source=args.source, work=args.work, registry=args.registry,
+                             gate=args.gate, num_proc=args.num_proc, config=args.config,
+                             train_args=args.train_args, warm_start=args.warm_start,
+                             split=args.split, max_len=args.max_len, row_groups=args.row_groups)
+    except ValueError as exc:
+        print(f"pipeline: bad arguments: {exc}", file=sys.stderr)
+        return EXIT_BAD_ARGS
+    from spark_jobs.session import get_spark
+
+    # Under spark-submit the master comes from its --master (the JVM is already configured).
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    master = args.master or (None if under_submit else f"local[{cfg.num_proc}]")
+    spark = get_spark(master=master, app_name="hvd_ctsm-pipeline")
+    return run_pipeline(spark, cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Batch scoring on Spark: the top-K items for every client, written as a Parquet folder.
+
+    spark-submit spark_jobs/score_topk.py --data FEATURES --model REGISTRY --out SCORES --k 10
+    score_topk(spark, data, model, out, k=10)        # from a notebook with its own session
+
+The same scoring as `python -m hvd_ctsm.score` (hvd_ctsm.score.score_rows), spread over the
+partitions of the feature dataset: the model's bytes are broadcast once and each partition loads
+the model, decodes its Petastorm rows and yields its clients' top-K. The output folder is built
+under a temporary name and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (spark-submit): make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+
+from spark_jobs import write  # noqa: E402
+
+OUTPUT_SCHEMA = ("client_id string, rank int, item_id string, item int, score float, "
+                 "p_sale float")
+
+
+def _partition_scorer(model_bytes, items, k: int):
+    """A mapPartitions function: load the model once per partition, score its rows."""
+
+    def score_partition(rows):
+        import io
+
+        import torch
+
+        from hvd_ctsm.backtest import model_from_state
+        from hvd_ctsm.score import score_rows
+
+        torch.set_num_threads(1)  # one partition per core already
+        state = torch.load(io.BytesIO(model_bytes.value), map_location="cpu", weights_only=True)
+        yield from score_rows(model_from_state(state), rows, k, items.value)
+
+    return score_partition
+
+
+def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str = "test",
+               overwrite: bool = False) -> dict:
+    """Score every client of the split on the cluster; write OUT (Parquet); return a summary."""
+    from petastorm.spark_utils import dataset_as_rdd
+
+    from hvd_ctsm.checkpoint import load_state
+    from hvd_ctsm.data import split_url
+    from hvd_ctsm.score import ScoringError, load_vocab_items, resolve_model
+
+    if k < 1:
+        raise ScoringError(f"k must be >= 1, got {k}")
+    t0 = time.time()
+    path = resolve_model(model)
+    items = load_vocab_items(data, load_state(path))  # checks the model's checksum and vocab
+    sc = spark.sparkContext
+    scorer = _partition_scorer(sc.broadcast(path.read_bytes()), sc.broadcast(items), k)
+    rows = dataset_as_rdd(split_url(data, split), spark)
+    scores = spark.createDataFrame(rows.mapPartitions(scorer), OUTPUT_SCHEMA)
+    target = Path(out)
+    stage = write.staging_dir(target, overwrite)
+    try:
+        scores.write.mode("overwrite").parquet(str(stage.resolve()))
+        written = spark.read.parquet(str(stage.resolve()))
+        counts = written.groupBy("client_id").count()
+        summary = {"clients": rows.count(), "scored_clients": counts.count(),
+                   "rows": written.count(), "short": counts.filter(f"count < {k}").count(),
+                   "k": k}
+        write.publish(stage, target)
+    except BaseException:
+        write.discard(stage)
+        raise
+    return summary | {"out": str(target), "seconds": round(time.time() - t0, 2)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="score_topk", description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="feature job output folder")
+    p.add_argument("--model", required=True, help="registry, run folder or model.pt")
+    p.add_argument("--out", required=True, help="output Parquet folder")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--split", default="test", choices=["test", "validation"])
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    args = p.parse_args(argv)
+    from hvd_ctsm.score import ScoringError
+    from spark_jobs.session import get_spark
+
+    spark = get_spark(master=args.master, app_name="hvd_ctsm-score")
+    try:
+        summary = score_topk(spark, args.data, args.model, args.out, args.k, args.split,
+                             args.overwrite)
+    except (ScoringError, FileExistsError) as exc:
+        print(f"score_topk: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""The gate as its own DAG step: it rewrites the report's decision, and deploy obeys it."""
+
+import json
+
+from hvd_ctsm import gate
+
+METRICS = {"full": {"ndcg@10": 0.12, "hr@10": 0.2}, "sampled": {"hr@10": 0.6}}
+
+
+def write_report(path, metrics=METRICS):
+    path.write_text(json.dumps({"model": metrics, "gate": {"passed": None, "checks": []}}))
+    return path
+
+
+def test_gate_step_passes_refuses_and_records_its_decision(tmp_path):
+    report = write_report(tmp_path / "r.json")
+    assert gate.main(["--report", str(report), "--gate", "ndcg@10>=0.1,sampled.hr@10>0.5"]) == 0
+    decision = json.loads(report.read_text())["gate"]
+    assert decision["passed"] is True and len(decision["checks"]) == 2
+    assert gate.main(["--report", str(report), "--gate", "ndcg@10>=0.13"]) == 1
+    assert json.loads(report.read_text())["gate"]["passed"] is False
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_gate_step_against_a_champion(tmp_path):
+    report = write_report(tmp_path / "r.json")
+    champion = write_report(tmp_path / "champion.json", {"full": {"ndcg@10": 0.125}})
+    args = ["--report", str(report), "--gate", "", "--champion", str(champion)]
+    assert gate.main([*args, "--tolerance", "0.01"]) == 0
+    assert gate.main([*args, "--tolerance", "0.001"]) == 1
+
+
+def test_malformed_gate_or_report_exits_2_and_keeps_the_report(tmp_path):
+    report = write_report(tmp_path / "r.json")
+    before = report.read_text()
+    assert gate.main(["--report", str(report), "--gate", "ndcg@10=>0.1"]) == 2
+    assert gate.main(["--report", str(report), "--gate", ""]) == 2
+    assert gate.main(["--report", str(tmp_path / "missing.json"), "--gate", "mrr>0"]) == 2
+    assert report.read_text() == before
