@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, type=Path, help="feature job output folder")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
