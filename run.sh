@@ -26,12 +26,12 @@ usage: ./run.sh STEP [args...]
   features   the Spark feature job         (python -m spark_jobs.build_features ...)
   train      the trainer under horovodrun  (NP=2 ./run.sh train --data DIR ...)
   backtest   offline evaluation + gate     (python -m hvd_ctsm.backtest ...)
-  deploy     copy a gated model into the registry (python -m hvd_ctsm.deploy ...)
-  elastic    elastic training on this machine (horovodrun --min-np 1 --max-np 2, see README)
-  bench      every benchmark, then benchmarks/RESULTS.md (~35 min on 2 cores; --quick, --only)
   gate       apply a deploy gate to a backtest report (python -m hvd_ctsm.gate ...)
+  deploy     copy a gated model into the registry (python -m hvd_ctsm.deploy ...)
   score      top-K unseen items per client, Parquet (python -m hvd_ctsm.score ...)
   pipeline-spark  the whole chain as one Spark application (spark-submit spark_jobs/pipeline.py)
+  elastic    elastic training on this machine (horovodrun --min-np 1 --max-np 2, see README)
+  bench      every benchmark, then benchmarks/RESULTS.md (~35 min on 2 cores; --quick, --only)
 EOF
 }
 
