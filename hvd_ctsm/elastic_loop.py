@@ -14,23 +14,17 @@ import torch
 
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import faults
-from hvd_ctsm.data import read_metadata, split_url
+from hvd_ctsm.data import split_url
 from hvd_ctsm.elastic import (GlobalOrder, RowGroupCache, SampleClock, announce_size,
                               check_elastic_config, epoch_batches, plan_or_fail, row_groups,
                               set_lr_scale)
-from hvd_ctsm.train import (Run, build_model, log_training, optimizer_step, parameter_checksum,
-                            save_final_model, validate)
-from hvd_ctsm.train_support import (autocast_for, build_model_sizes, lr_scale, lr_schedule,
-                                    progress_bar, warm_start)
+from hvd_ctsm.train import (Run, log_training, optimizer_step, parameter_checksum, save_final_model,
+                            start_rank, validate)
+from hvd_ctsm.train_support import autocast_for, lr_scale, lr_schedule, progress_bar, warm_start
 
 
 def build(cfg, init_from):
-    meta = read_metadata(cfg.data.path)  # a bad dataset stops here, before any collective
-    dist.set_horovod_knobs(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms)
-    dist.init(cfg.dist.threads_per_rank)
-    device = torch.device(f"cuda:{dist.local_rank()}" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg, build_model_sizes(meta)).to(device)
+    meta, device, model = start_rank(cfg)
     if init_from:
         warm_start(model, init_from, dist.is_root())  # the first sync broadcasts rank 0's
     groups = row_groups(split_url(cfg.data.path, "train"))

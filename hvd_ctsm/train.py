@@ -160,14 +160,19 @@ def parameter_checksum(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def setup_run(cfg: TrainConfig, resume: bool, init_from: str | None) -> tuple[Run, dict]:
-    """Model, optimizer and schedule on every rank, started from rank 0's state."""
+def start_rank(cfg: TrainConfig) -> tuple[dict, torch.device, CTSM]:
+    """The dataset's metadata, Horovod started, and this rank's model (same seed everywhere)."""
     meta = read_metadata(cfg.data.path)  # a bad dataset stops here, before any collective
     dist.set_horovod_knobs(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms)
     dist.init(cfg.dist.threads_per_rank)
     device = torch.device(f"cuda:{dist.local_rank()}" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, build_model_sizes(meta)).to(device)
+    return meta, device, build_model(cfg, build_model_sizes(meta)).to(device)
+
+
+def setup_run(cfg: TrainConfig, resume: bool, init_from: str | None) -> tuple[Run, dict]:
+    """Model, optimizer and schedule on every rank, started from rank 0's state."""
+    meta, device, model = start_rank(cfg)
     micro = cfg.dist.backward_passes_per_step
     plan = plan_epoch(split_url(cfg.data.path, "train"), dist.size(), cfg.data.batch_size * micro)
     total_steps = plan.steps * cfg.epochs
