@@ -4,11 +4,12 @@
     python benchmarks/quality.py --data FEATURES --quick     # 1 seed, x1 and x2, a smoke test
 
 The effective batch grows with ranks and backward_passes_per_step: x1 = 1 rank, x2 = 2 ranks,
-x4 = 2 ranks x 2 micro-batches. Each size trains with the project's rule (the preset's lr scaling
-from the effective batch plus warm-up from the unscaled lr) and without it (lr_scaling=none,
-warmup_steps=0), for the same epochs, over several seeds run in turn (seed by seed, every
-variant). The model is then backtested on the held-out test split (full ranking, items the
-client had before masked). The report says whether x2 and x4 stay within x1's spread over seeds.
+x4 = 2 ranks x 2 micro-batches. Each size trains with the presets' rule (linear lr scaling from
+the effective batch plus warm-up from the unscaled lr), with square-root scaling and the same
+warm-up, and with no rule (lr_scaling=none, warmup_steps=0), for the same epochs, over several
+seeds run in turn (seed by seed, every variant). Each model is then backtested on the held-out
+test split (full ranking, items the client had before masked). The report says whether x2 and x4
+stay within x1's spread over seeds.
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ if __package__ in (None, ""):
 
 from benchmarks.common import RESULTS, horovodrun, run, save, spread  # noqa: E402
 
-NO_RULE = ["optim.lr_scaling=none", "optim.warmup_steps=0"]
-VARIANTS = {  # name: (ranks, backward_passes_per_step, with the lr rule)
-    "x1": (1, 1, True), "x1_norule": (1, 1, False),
-    "x2": (2, 1, True), "x2_norule": (2, 1, False),
-    "x4": (2, 2, True), "x4_norule": (2, 2, False),
+RULES = {  # the trainer overrides of each learning-rate rule
+    "linear": [],  # the presets' rule: linear scaling from the base batch, with warm-up
+    "sqrt": ["optim.lr_scaling=sqrt"],  # square-root scaling, same warm-up
+    "none": ["optim.lr_scaling=none", "optim.warmup_steps=0"],
+}
+VARIANTS = {  # name: (ranks, backward_passes_per_step, rule)
+    "x1": (1, 1, "linear"), "x1_norule": (1, 1, "none"),
+    "x2": (2, 1, "linear"), "x2_sqrt": (2, 1, "sqrt"), "x2_norule": (2, 1, "none"),
+    "x4": (2, 2, "linear"), "x4_sqrt": (2, 2, "sqrt"), "x4_norule": (2, 2, "none"),
 }
 
 
@@ -41,7 +46,7 @@ def train_and_backtest(data: Path, work: Path, name: str, seed: int, epochs: int
     out = work / f"{name}-s{seed}"
     overrides = [f"seed={seed}", f"epochs={epochs}", f"eval_every_epochs={epochs}",
                  f"dist.backward_passes_per_step={micro}", "progress=false",
-                 "dist.threads_per_rank=1", "keep_checkpoints=1"] + ([] if rule else NO_RULE)
+                 "dist.threads_per_rank=1", "keep_checkpoints=1", *RULES[rule]]
     args = ["-m", "hvd_ctsm.train", "--config", "default", "--data", str(data), "--out", str(out),
             "--overwrite", *overrides]
     seconds = run(horovodrun(ranks, args), work / f"{name}-s{seed}.log")
@@ -55,10 +60,10 @@ def train_and_backtest(data: Path, work: Path, name: str, seed: int, epochs: int
 
 
 def verdict(table: dict) -> dict:
-    """x2/x4 with the rule against x1's spread over seeds."""
+    """Every larger effective batch against x1's spread over seeds."""
     base = table["x1"]["ndcg@10"]
     out = {}
-    for name in ("x2", "x4"):
+    for name in (n for n in table if not n.startswith("x1")):
         if name not in table:
             continue
         m = table[name]["ndcg@10"]["mean"]
@@ -75,13 +80,30 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--variants", help=f"comma list of {list(VARIANTS)} (default: all)")
+    p.add_argument("--add-to", type=Path, help="a quality.json of the same data, epochs and "
+                   "seeds whose runs are kept (training is deterministic on CPU: a variant run "
+                   "again gives the same NDCG to the last digit)")
     args = p.parse_args(argv)
-    names = ["x1", "x2"] if args.quick else list(VARIANTS)
+    names = ["x1", "x2"] if args.quick else (
+        list(VARIANTS) if args.variants is None else [n for n in args.variants.split(",") if n])
+    unknown = set(names) - set(VARIANTS)
+    if unknown:
+        p.error(f"unknown variants {sorted(unknown)}")
     seeds, epochs = (1, 1) if args.quick else (args.seeds, args.epochs)
     t0, runs = time.perf_counter(), []
+    if args.add_to:
+        kept = json.loads(args.add_to.read_text())
+        if (kept["epochs"], kept["seeds"]) != (epochs, seeds):
+            p.error(f"{args.add_to} has other epochs/seeds than this run")
+        runs = [r for r in kept["runs"] if r["variant"] not in names]
+        wanted = {r["variant"] for r in runs} | set(names)
+        names = [n for n in VARIANTS if n in wanted]
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
         for seed in range(seeds):
             for name in names:
+                if any(r["variant"] == name and r["seed"] == seed for r in runs):
+                    continue
                 runs.append(train_and_backtest(args.data, Path(tmp), name, seed, epochs))
                 print(f"[quality] seed {seed} {name}: ndcg@10 {runs[-1]['ndcg@10']:.4f}",
                       flush=True)
