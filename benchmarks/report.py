@@ -103,12 +103,12 @@ def quality(p: dict) -> list[str]:
            "| sampled NDCG@10 |", "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: |"]
     for name, t in p["table"].items():
         n = t["ndcg@10"]
-        out.append(f"| {name} | {t['effective_batch']} | {'yes' if t['lr_rule'] else 'no'} "
+        out.append(f"| {name} | {t['effective_batch']} | {t['lr_rule']} "
                    f"| {t['steps']} | {n['mean']:.4f} | {n['min']:.4f}-{n['max']:.4f} "
                    f"| {n['stdev']:.4f} | {med(t['sampled_ndcg@10'], '{:.3f}')} |")
     out.append("")
     for name, v in p["verdict"].items():
-        out.append(f"- {name} with the rule: mean {v['mean_minus_x1']:+.4f} against x1; inside "
+        out.append(f"- {name}: mean {v['mean_minus_x1']:+.4f} against x1; inside "
                    f"x1's range over seeds: {v['in_x1_range']}; within 2 stdev of x1: "
                    f"{v['within_2_stdev']}.")
     return [*out, ""]
