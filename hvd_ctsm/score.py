@@ -10,10 +10,10 @@ existed have none: scoring then falls back to the `test` rows, whose histories s
 client's last event (the held-out target), and logs a warning saying to rebuild the features.
 `--split test|validation` scores those rows on purpose (e.g. to compare with a backtest).
 Items the client ever had (`client_items`, every event included) and padding are never
-recommended. Output rows: client_id, rank (1..K), item_id
-(the raw id from vocab.json), item (its index), score (next-item logit) and p_sale (when the
-model has that head). The Parquet file appears whole or not at all (temp file, rename).
-A client with fewer than K items it never had gets them all and is counted as `short`.
+recommended. Output rows: client_id, rank (1..K), item_id (the raw id from vocab.json), item
+(its index), score (next-item logit) and p_sale (when the model has that head). The Parquet
+file appears whole or not at all (temp file, rename). A client with fewer than K items it never
+had gets them all and is counted as `short`.
 """
 
 from __future__ import annotations
