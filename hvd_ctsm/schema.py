@@ -11,8 +11,15 @@ a model with a causal mask can never see the future of a target.
 - validation / test rows: one per client, the history before the client's target event, one target,
   plus the items needed to rank fairly: `prior_items` (seen before the target, masked in full
   ranking) and `client_items` (ever seen, excluded from sampled negatives).
+- serving rows (split "serving"): one per client, the client's latest `max_len` events, all of
+  them (no time cutoff: the newest event is the last history position), and no target (every
+  target array is empty). `prior_items` and `client_items` are both every item the client ever
+  had: what batch scoring excludes. Never read for training or evaluation.
 
-Bump SCHEMA_VERSION on any change; the trainer refuses a dataset of another version.
+Bump SCHEMA_VERSION on any change; the trainer refuses a dataset of another version. The serving
+split came without a bump: the row layout is the same (only target arrays may be empty, which
+`hvd_ctsm.data.collate` handles), and version-1 readers never open a folder they do not name.
+A version-1 dataset without it predates it: scoring then falls back to the test rows and says so.
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ EVENT_TYPES = ("purchase", "rating", "view", "profile")
 EVENT_TYPE_INDEX = {name: i + 1 for i, name in enumerate(EVENT_TYPES)}
 PAD = 0
 
-SPLITS = ("train", "validation", "test")
+SPLITS = ("train", "validation", "test")  # the splits with targets (training and backtesting)
+SERVING_SPLIT = "serving"  # every client's latest events, no targets (batch scoring)
+OUTPUT_SPLITS = (*SPLITS, SERVING_SPLIT)  # every folder the feature job writes
 
 
 def make_schema():
@@ -50,13 +59,13 @@ def make_schema():
             seq("timestamp", np.int64),  # unix seconds
             seq("log_gap", np.float32),  # log1p(hours since the previous event), 0 for the first
             seq("client_attrs", np.int32, (None, None)),  # [history_len, n_attrs] as of each event
-            # Targets; all arrays have the same length (>= 1).
+            # Targets; all arrays have the same length (>= 1; 0 in serving rows).
             seq("target_pos", np.int32),  # history position whose state predicts the target
             seq("target_item", np.int32),
             seq("target_label", np.float32),  # the p(sale) label (e.g. purchase, rating >= 4)
             seq("target_time", np.int64),
             seq("target_log_dt", np.float32),  # log1p(hours from target_pos's event to target)
-            # Evaluation rows only (empty in training rows).
+            # Evaluation and serving rows only (empty in training rows).
             seq("prior_items", np.int32),
             seq("client_items", np.int32),
         ],

@@ -4,12 +4,16 @@
     spark-submit spark_jobs/score_topk.py ...      # the same, distributed (same options)
 
 --model takes a registry (its `current` version), a run folder or a model.pt. Each client is
-scored from its newest row in the feature dataset (`--split test`, one row per client): the
-client state after the last event of that row's history. Items the client ever had
-(`client_items`) and padding are never recommended. Output rows: client_id, rank (1..K), item_id
-(the raw id from vocab.json), item (its index), score (next-item logit) and p_sale (when the
-model has that head). The Parquet file appears whole or not at all (temp file, rename).
-A client with fewer than K items it never had gets them all and is counted as `short`.
+scored from its row in the feature dataset's `serving` split: its latest events, all of them, so
+the state is the one after the client's newest event. Features built before the serving split
+existed have none: scoring then falls back to the `test` rows, whose histories stop before each
+client's last event (the held-out target), and logs a warning saying to rebuild the features.
+`--split test|validation` scores those rows on purpose (e.g. to compare with a backtest).
+Items the client ever had (`client_items`, every event included) and padding are never
+recommended. Output rows: client_id, rank (1..K), item_id (the raw id from vocab.json), item
+(its index), score (next-item logit) and p_sale (when the model has that head). The Parquet
+file appears whole or not at all (temp file, rename). A client with fewer than K items it never
+had gets them all and is counted as `short`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -26,8 +31,11 @@ import numpy as np
 import torch
 
 from hvd_ctsm.api import make_callable
+from hvd_ctsm.schema import SERVING_SPLIT
 
 SCORE_COLUMNS = ("client_id", "rank", "item_id", "item", "score", "p_sale")
+SCORABLE_SPLITS = (SERVING_SPLIT, "test", "validation")
+log = logging.getLogger(__name__)
 
 
 class ScoringError(ValueError):
@@ -59,6 +67,30 @@ def load_vocab_items(data: str | Path, model_state: dict) -> list[str]:
     return json.loads((Path(data) / "vocab.json").read_text())["items"]
 
 
+def scoring_split(data: str | Path, split: str | None = None) -> str:
+    """The split to score from: `split` when given, else `serving`, else (features built before
+    serving rows existed) `test`, with a warning: its histories miss each client's last event."""
+    from hvd_ctsm.data import read_metadata
+
+    written = read_metadata(data).get("splits", {})
+    if split is None:
+        if SERVING_SPLIT in written:
+            return SERVING_SPLIT
+        log.warning("%s has no %r split (built before it existed): scoring from the test rows, "
+                    "whose histories stop before each client's last event, so recommendations "
+                    "ignore it; rebuild the features with spark_jobs.build_features to score "
+                    "from every event", data, SERVING_SPLIT)
+        split = "test"
+    if split not in SCORABLE_SPLITS:
+        raise ScoringError(f"cannot score from {split!r}: pick one of {SCORABLE_SPLITS} (one row "
+                           "per client)")
+    if split not in written:
+        raise ScoringError(f"{data} has no {split!r} split to score from (it has "
+                           f"{sorted(written)}): rebuild the features with "
+                           "spark_jobs.build_features, or pick another --split")
+    return split
+
+
 def _batch_from_rows(rows: list, max_len: int) -> dict:
     """Padded history tensors; one 'target' per row at its last history position."""
     from hvd_ctsm.data import collate
@@ -85,9 +117,15 @@ def score_rows(model, rows: Iterable, k: int, items: list[str],
 
 
 @torch.no_grad()
-def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int) -> Iterator[tuple]:
+def client_states(model, rows: list, max_len: int) -> torch.Tensor:
+    """[rows, dim]: each row's state after the last event of its history."""
     batch = _batch_from_rows(rows, max_len)
-    states = model.encoder(batch)[batch["target_row"], batch["target_pos"]]
+    return model.encoder(batch)[batch["target_row"], batch["target_pos"]]
+
+
+@torch.no_grad()
+def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int) -> Iterator[tuple]:
+    states = client_states(model, rows, max_len)
     scores = model.score(states)
     for i, row in enumerate(rows):
         seen = torch.as_tensor(np.asarray(row.client_items, dtype=np.int64))
@@ -135,8 +173,9 @@ def summarize(records: list[tuple], clients: int, k: int) -> dict:
 
 
 def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: int = 10,
-                  split: str = "test") -> dict:
-    """Score every client of `data`'s split with the model; write `out`; return a summary."""
+                  split: str | None = None) -> dict:
+    """Score every client of `data`'s split (default: scoring_split) with the model; write
+    `out`; return a summary (which names the split scored)."""
     from hvd_ctsm.backtest import model_from_state
     from hvd_ctsm.checkpoint import load_state
     from hvd_ctsm.data import open_reader, split_url
@@ -146,12 +185,13 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
     t0 = time.perf_counter()
     state = load_state(resolve_model(model_path))
     items = load_vocab_items(data, state)
+    split = scoring_split(data, split)
     model = model_from_state(state)
     with open_reader(split_url(data, split), 0, 1, seed=None, shuffle=False) as reader:
         rows = list(reader)
     records = list(score_rows(model, rows, k, items))
     write_parquet_atomic(arrow_table(records), Path(out))
-    return summarize(records, len(rows), k) | {"out": str(out),
+    return summarize(records, len(rows), k) | {"split": split, "out": str(out),
                                                 "seconds": round(time.perf_counter() - t0, 2)}
 
 
@@ -161,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="registry, run folder or model.pt")
     p.add_argument("--out", required=True, help="Parquet file to write")
     p.add_argument("--k", type=int, default=10, help="items per client (default 10)")
-    p.add_argument("--split", default="test", choices=["test", "validation"],
-                   help="the rows that hold each client's newest history (default test)")
+    p.add_argument("--split", default=None, choices=SCORABLE_SPLITS,
+                   help="the rows to score from (default serving: every client's latest events; "
+                        "test for features built before the serving split, with a warning)")
     args = p.parse_args(argv)
     try:
         summary = score_dataset(args.data, args.model, args.out, args.k, args.split)

@@ -4,7 +4,8 @@
     spark-submit spark_jobs/build_features.py --source synthetic:clients=1000,events=50000 --out DIR
     build_features(spark, FeatureConfig(...))  # from a notebook with its own SparkSession
 
-Output: DIR/{train,validation,test} (Petastorm, hvd_ctsm.schema), DIR/vocab.json, DIR/metadata.json.
+Output: DIR/{train,validation,test,serving} (Petastorm, hvd_ctsm.schema), DIR/vocab.json and
+DIR/metadata.json. `serving` holds every client's latest events (all of them) for batch scoring.
 The whole folder is built in a temporary sibling and renamed into place when complete.
 """
 
@@ -24,7 +25,7 @@ from pyspark import StorageLevel  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 import hvd_ctsm  # noqa: E402
-from hvd_ctsm.schema import SCHEMA_VERSION, SPLITS  # noqa: E402
+from hvd_ctsm.schema import OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT  # noqa: E402
 from spark_jobs import attributes, sequences, split, validate, vocab, write  # noqa: E402
 from spark_jobs.config import FeatureConfig, parse_time  # noqa: E402
 from spark_jobs.sources import load_source  # noqa: E402
@@ -85,10 +86,17 @@ def _split_stats(examples) -> dict:
     return {r["split"]: r for r in rows.collect()}
 
 
+def _check_serving_rows(stats: dict, clients: int) -> None:
+    """Every client with a used event has exactly one serving row (else a bug, not bad input)."""
+    rows = stats[SERVING_SPLIT]["rows"] if SERVING_SPLIT in stats else 0
+    if rows != clients:
+        raise RuntimeError(f"row accounting: {clients} clients but {rows} serving rows")
+
+
 def _write_splits(config, examples, stats: dict, stage: Path) -> tuple[dict, dict]:
     names = list(sequences.unischema().fields)
     splits, skipped = {}, {}
-    for name in SPLITS:
+    for name in OUTPUT_SPLITS:
         rows = stats[name]["rows"] if name in stats else 0
         if rows == 0:
             raise ValueError(f"split {name!r} has no examples (too little data or bad cutoffs?)")
@@ -100,7 +108,7 @@ def _write_splits(config, examples, stats: dict, stage: Path) -> tuple[dict, dic
             "row_groups": groups,
             "path": name,
         }
-        if name != "train":
+        if name in ("validation", "test"):
             skipped[name] = stats[f"{name}_skipped"]["rows"] if f"{name}_skipped" in stats else 0
     return splits, skipped
 
@@ -153,6 +161,7 @@ def build_features(spark, config: FeatureConfig) -> dict:
             StorageLevel.MEMORY_AND_DISK
         )
         stats = _split_stats(examples)
+        _check_serving_rows(stats, counts["clients"])
         lap("examples")
         splits, skipped = _write_splits(config, examples, stats, stage)
         write.write_atomic(stage / "vocab.json", vocab.vocab_bytes(vocabulary))

@@ -36,7 +36,8 @@ class FeatureConfig:
     """Where events come from: `movielens:DIR`, `synthetic:clients=..,items=..,events=..,seed=..`
     or `events:PATH` (Parquet or CSV file/folder)."""
     out: str
-    """Output folder (OUT/train, OUT/validation, OUT/test, OUT/vocab.json, OUT/metadata.json)."""
+    """Output folder (OUT/train, OUT/validation, OUT/test, OUT/serving, OUT/vocab.json,
+    OUT/metadata.json)."""
     split: str = "leave-last-out"
     """`leave-last-out` (last event per client = test, the one before = validation) or `time`."""
     cutoffs: tuple[int, int] | None = None

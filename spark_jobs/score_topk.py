@@ -5,7 +5,9 @@
 
 The same scoring as `python -m hvd_ctsm.score` (hvd_ctsm.score.score_rows), spread over the
 partitions of the feature dataset: the model's bytes are broadcast once and each partition loads
-the model, decodes its Petastorm rows and yields its clients' top-K. The output folder is built
+the model, decodes its Petastorm rows and yields its clients' top-K. Rows come from the
+`serving` split (every client's latest events) or, for features built before it existed, from
+the `test` split with a warning (hvd_ctsm.score.scoring_split). The output folder is built
 under a temporary name and renamed into place when complete.
 """
 
@@ -45,20 +47,22 @@ def _partition_scorer(model_bytes, items, k: int):
     return score_partition
 
 
-def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str = "test",
+def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str | None = None,
                overwrite: bool = False) -> dict:
-    """Score every client of the split on the cluster; write OUT (Parquet); return a summary."""
+    """Score every client of the split (default: scoring_split) on the cluster; write OUT
+    (Parquet); return a summary (which names the split scored)."""
     from petastorm.spark_utils import dataset_as_rdd
 
     from hvd_ctsm.checkpoint import load_state
     from hvd_ctsm.data import split_url
-    from hvd_ctsm.score import ScoringError, load_vocab_items, resolve_model
+    from hvd_ctsm.score import ScoringError, load_vocab_items, resolve_model, scoring_split
 
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
     t0 = time.time()
     path = resolve_model(model)
     items = load_vocab_items(data, load_state(path))  # checks the model's checksum and vocab
+    split = scoring_split(data, split)
     sc = spark.sparkContext
     scorer = _partition_scorer(sc.broadcast(path.read_bytes()), sc.broadcast(items), k)
     rows = dataset_as_rdd(split_url(data, split), spark)
@@ -76,7 +80,7 @@ def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str =
     except BaseException:
         write.discard(stage)
         raise
-    return summary | {"out": str(target), "seconds": round(time.time() - t0, 2)}
+    return summary | {"split": split, "out": str(target), "seconds": round(time.time() - t0, 2)}
 
 
 def main(argv=None) -> int:
@@ -85,7 +89,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", required=True, help="registry, run folder or model.pt")
     p.add_argument("--out", required=True, help="output Parquet folder")
     p.add_argument("--k", type=int, default=10)
-    p.add_argument("--split", default="test", choices=["test", "validation"])
+    p.add_argument("--split", default=None, choices=("serving", "test", "validation"),
+                   help="rows to score from (default serving; test for older features)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     args = p.parse_args(argv)

@@ -5,7 +5,8 @@
 applyInPandas call, emitting rows already encoded as petastorm's codecs encode them (what
 dict_to_spark_row produces), plus two bookkeeping columns: `split` and `n_targets`. A client
 whose eval target has no earlier event gets a marker row (split "validation_skipped" or
-"test_skipped", no data) so the job can count it.
+"test_skipped", no data) so the job can count it. Every client also gets one "serving" row: its
+latest events whatever their role, no targets (what batch scoring starts from).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from hvd_ctsm.schema import EVENT_TYPE_INDEX, log_hours, make_schema
+from hvd_ctsm.schema import EVENT_TYPE_INDEX, SERVING_SPLIT, log_hours, make_schema
 
 HISTORY = ("item", "event_type", "value", "timestamp", "log_gap", "client_attrs")
 EMPTY = np.zeros(0, np.int32)
+NO_TARGETS = np.zeros(0, np.intp)
 ROLES = {"train": 1, "validation": 2, "test": 3}  # role codes inside the UDF (0 = input only)
 _SCHEMA = None
 
@@ -124,7 +126,15 @@ def examples_of_client(client_id, ev: dict, max_len: int) -> list[tuple[str, dic
             prior = np.unique(ev["item"][: p + 1])
             row = _row(client_id, ev, max(0, p - max_len + 1), p, np.array([j]), prior, everything)
             out.append((split, row))
+    out.append((SERVING_SPLIT, serving_row(client_id, ev, max_len, everything)))
     return out
+
+
+def serving_row(client_id, ev: dict, max_len: int, everything: np.ndarray) -> dict:
+    """The client's last `max_len` events, every role included (no time cutoff: scoring wants
+    the newest state), no targets; all items it ever had are both prior and client items."""
+    end = len(ev["item"]) - 1
+    return _row(client_id, ev, max(0, end - max_len + 1), end, NO_TARGETS, everything, everything)
 
 
 def bucket_examples(pdf: pd.DataFrame, n_attrs: int, max_len: int):

@@ -13,9 +13,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from hvd_ctsm.schema import SCHEMA_VERSION, SPLITS
+from hvd_ctsm.schema import EVENT_TYPE_INDEX, SCHEMA_VERSION, SERVING_SPLIT, SPLITS
 from spark_jobs.build_features import build_features, main
 from spark_jobs.config import FeatureConfig
+from spark_jobs.synthetic import SyntheticParams, generate_events_part
 from spark_jobs.validate import StrictValidationError
 from spark_jobs.write import OutputExistsError, count_row_groups
 
@@ -48,6 +49,34 @@ def assert_time_safe(row):
         assert pos + 1 == len(ts) or ts[pos + 1] >= t, "target_pos is not the last earlier event"
 
 
+def check_serving_rows(out: Path, raw: pd.DataFrame) -> dict:
+    """Serving rows against the raw events (client_id, item_id, timestamp, event_type, value):
+    one per client, its last max_len events in the job's order (spark_jobs.split.EVENT_ORDER:
+    timestamp, item index, event type, value), no targets, every item it had to exclude."""
+    meta = json.loads((out / "metadata.json").read_text())
+    items = json.loads((out / "vocab.json").read_text())["items"]
+    index = {item: i for i, item in enumerate(items)}
+    raw = raw.assign(
+        client_id=raw["client_id"].astype(str),
+        item=raw["item_id"].astype(str).map(index),
+        event_type=raw["event_type"].map(EVENT_TYPE_INDEX),
+    ).sort_values(["client_id", "timestamp", "item", "event_type", "value"])
+    rows = read_split(out / SERVING_SPLIT)
+    serving = {r["client_id"]: r for r in rows}
+    assert len(serving) == len(rows) == meta["splits"][SERVING_SPLIT]["rows"]  # one per client
+    assert meta["splits"][SERVING_SPLIT]["targets"] == 0
+    assert set(serving) == set(raw["client_id"]) and len(rows) == meta["counts"]["clients"]
+    for client, events in raw.groupby("client_id"):
+        row, latest = serving[client], events.tail(meta["max_len"])
+        for name in ("item", "event_type", "timestamp"):
+            assert row[name].tolist() == latest[name].tolist(), (client, name)
+        np.testing.assert_array_equal(row["value"], latest["value"].to_numpy(np.float32))
+        assert row["history_len"] == len(latest) and row["client_attrs"].shape[0] == len(latest)
+        assert all(len(row[f]) == 0 for f in ("target_pos", "target_item", "target_time"))
+        assert set(row["client_items"]) == set(row["prior_items"]) == set(events["item"])
+    return serving
+
+
 @pytest.fixture(scope="module")
 def ml_run(spark, ml100k, tmp_path_factory):
     out = tmp_path_factory.mktemp("ml") / "features"
@@ -77,6 +106,20 @@ def test_ml100k_counts_as_the_data_set_states(ml_run):
     assert len(rows["train"]) == meta["splits"]["train"]["rows"]
     assert sum(len(r["target_item"]) for r in rows["train"]) == meta["splits"]["train"]["targets"]
     assert not list(out.parent.glob(".features.tmp-*")), "the staging folder was left behind"
+
+
+def test_ml100k_serving_rows_end_with_each_clients_latest_event(ml_run, ml100k):
+    out, _, rows = ml_run
+    raw = pd.read_csv(
+        ml100k / "u.data", sep="\t", names=["client_id", "item_id", "value", "timestamp"]
+    ).assign(event_type="rating")
+    serving = check_serving_rows(out, raw)
+    assert len(serving) == 943 and count_row_groups(out / SERVING_SPLIT) >= 64
+    assert max(r["history_len"] for r in serving.values()) == 200  # the longest are cut at L
+    for test in rows["test"]:  # leave-last-out: the held-out test target is the newest input
+        row = serving[test["client_id"]]
+        assert row["item"][-1] == test["target_item"][0]
+        assert row["timestamp"][-1] == test["target_time"][0]
 
 
 def test_ml100k_no_leakage_including_tied_timestamps(ml_run):
@@ -262,6 +305,13 @@ def test_cli_time_split_on_synthetic(tmp_path, spark):
             assert_time_safe(row)
             assert row["history_len"] <= 20
             assert ((low <= row["target_time"]) & (row["target_time"] < high)).all()
+    # serving rows have no time cutoff: events after T2 beyond each client's test target are in
+    params = SyntheticParams.parse(argv[1].split(":", 1)[1])
+    raw = pd.concat([generate_events_part(params, part) for part in range(params.n_parts)])
+    serving = check_serving_rows(out, raw)
+    assert len(serving) == 200
+    tests = read_split(out / "test", ["client_id", "target_time"])
+    assert any(serving[t["client_id"]]["timestamp"][-1] > t["target_time"][0] for t in tests)
 
 
 def test_module_runs_as_a_script():

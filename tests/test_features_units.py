@@ -85,7 +85,49 @@ def test_tied_timestamps_never_leak():
 
 def test_client_with_no_earlier_event_is_skipped():
     out = client_examples("c", client_frame([7, 7], ["validation", "test"]), 10)
-    assert out == [("validation_skipped", None), ("test_skipped", None)]
+    assert out[:2] == [("validation_skipped", None), ("test_skipped", None)]
+    # it still gets a serving row: scoring needs no earlier event
+    assert [s for s, _ in out[2:]] == ["serving"] and list(out[2][1]["timestamp"]) == [7, 7]
+
+
+def test_serving_row_holds_the_latest_events_of_every_role_and_no_targets():
+    from spark_jobs.sequences import encode_row, unischema
+
+    ts = [0, 10, 20, 30, 40, 50]
+    items = [5, 6, 5, 7, 8, 9]
+    roles = ["train"] * 3 + ["validation", "test", None]  # the last one: input only (time split)
+    out = client_examples("c", client_frame(ts, roles, items), 3)
+    serving = [r for s, r in out if s == "serving"]
+    assert len(serving) == 1
+    row, test = serving[0], dict(out)["test"]
+    assert list(row["timestamp"]) == [30, 40, 50] and list(row["item"]) == [7, 8, 9]
+    assert row["history_len"] == 3 and row["client_attrs"].shape == (3, 1)
+    assert list(test["timestamp"]) == [10, 20, 30]  # the test row still stops before its target
+    np.testing.assert_allclose(row["log_gap"], log_hours([10, 10, 10]))
+    for name in ("target_pos", "target_item", "target_label", "target_time", "target_log_dt"):
+        assert len(row[name]) == 0
+    assert list(row["client_items"]) == list(row["prior_items"]) == [5, 6, 7, 8, 9]
+    fields = list(unischema().fields.values())
+    assert len(encode_row(row, fields)) == len(fields)  # dtypes and ranks fit the schema
+
+
+def test_collate_takes_targets_only_from_rows_that_have_them():
+    from types import SimpleNamespace
+
+    import torch
+
+    from hvd_ctsm.data import collate
+
+    ts = [0, 10, 20, 30]
+    out = dict(client_examples("c", client_frame(ts, ["train", "train", "validation", "test"]), 8))
+    rows = [SimpleNamespace(**out["serving"]), SimpleNamespace(**out["test"])]
+    batch = collate(rows, 8)
+    assert batch["target_row"].tolist() == [1] and batch["target_item"].tolist() == [4]
+    assert batch["item"][0, :4].tolist() == [1, 2, 3, 4]  # the serving row: every event
+    assert batch["item"][1].tolist() == [1, 2, 3, 0, 0, 0, 0, 0]  # the test row: before 4
+    assert batch["target_pos"].dtype == batch["target_item"].dtype == torch.int64
+    serving_only = collate(rows[:1], 8)
+    assert serving_only["target_row"].numel() == serving_only["target_item"].numel() == 0
 
 
 def test_extend_vocab_keeps_old_indices_and_appends_by_frequency():

@@ -18,7 +18,7 @@ def test_notebook_example_runs_every_step(spark, tmp_path):
     assert (tmp_path / "run" / "model.pt").exists()
     assert result["report"]["gate"]["passed"] in (True, False)
     assert (tmp_path / "backtest.json").exists()
-    clients = result["meta"]["splits"]["test"]["rows"]
+    clients = result["meta"]["splits"]["serving"]["rows"]  # one per client
     assert result["scored"]["scored_clients"] == result["scored"]["clients"] == clients
     table = pq.read_table(tmp_path / "scores")
     assert table.num_rows == result["scored"]["rows"] > 0

@@ -1,13 +1,19 @@
 """Batch scoring, both routes, on the tiny synthetic dataset with a really trained model."""
 
+import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from hvd_ctsm import score
+from hvd_ctsm.schema import SERVING_SPLIT
 from tests.test_features_e2e import read_split
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -16,9 +22,12 @@ K = 5
 
 @pytest.fixture(scope="module")
 def model_run(tiny_features, tmp_path_factory):
-    out = tmp_path_factory.mktemp("score") / "run"
+    work = tmp_path_factory.mktemp("score")
+    out, data = work / "run", work / "features-without-serving"
+    # Training and validation must never read the serving rows: train where they do not exist.
+    shutil.copytree(tiny_features, data, ignore=shutil.ignore_patterns(SERVING_SPLIT))
     proc = subprocess.run(
-        [sys.executable, "-m", "hvd_ctsm.train", "--data", str(tiny_features), "--out", str(out),
+        [sys.executable, "-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out),
          "--epochs", "1", "data.batch_size=16", "model.dim=16", "model.layers=1",
          "progress=false"], capture_output=True, text=True, timeout=600,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -52,29 +61,70 @@ def check_scores(table, clients, vocab_items):
 
 
 def test_cli_and_spark_job_score_every_client_alike(spark, tiny_features, model_run, clients,
-                                                    tmp_path):
-    import json
-
+                                                    tmp_path, capsys):
     from spark_jobs.score_topk import score_topk
 
     vocab_items = json.loads((tiny_features / "vocab.json").read_text())["items"]
     out = tmp_path / "scores.parquet"
     assert score.main(["--data", str(tiny_features), "--model", str(model_run),
                        "--out", str(out), "--k", str(K)]) == 0
+    assert json.loads(capsys.readouterr().out)["split"] == SERVING_SPLIT
     local = check_scores(pq.read_table(out), clients, vocab_items)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
 
     summary = score_topk(spark, str(tiny_features), str(model_run), str(tmp_path / "spark"), k=K)
     assert summary["scored_clients"] == summary["clients"] == len(clients)
+    assert summary["split"] == SERVING_SPLIT
     assert summary["rows"] == K * len(clients) and summary["short"] == 0
     distributed = check_scores(pq.read_table(tmp_path / "spark"), clients, vocab_items)
     assert distributed == local  # the two routes agree item for item
 
 
-def test_scoring_refuses_a_model_of_another_vocabulary(tiny_features, model_run, tmp_path):
-    import json
-    import shutil
+def top_items(path) -> dict:
+    picks: dict = {}
+    for row in pq.read_table(path).to_pylist():
+        picks.setdefault(row["client_id"], []).append(row["item"])
+    return picks
 
+
+def test_scores_start_from_each_clients_latest_event(tiny_features, model_run, tmp_path, caplog):
+    from hvd_ctsm.backtest import model_from_state
+    from hvd_ctsm.checkpoint import load_state
+
+    serving = {r["client_id"]: r for r in read_split(tiny_features / SERVING_SPLIT)}
+    test = {r["client_id"]: r for r in read_split(tiny_features / "test")}
+    clients = sorted(serving)
+    assert clients == sorted(test)
+    for c in clients:  # the held-out last event is the serving history's newest event
+        assert serving[c]["item"][-1] == test[c]["target_item"][0]
+        assert serving[c]["timestamp"][-1] == test[c]["target_time"][0]
+    model = model_from_state(load_state(score.resolve_model(model_run)))
+    states = {name: score.client_states(model, [SimpleNamespace(**rows[c]) for c in clients],
+                                        model.sizes.max_len)
+              for name, rows in (("serving", serving), ("test", test))}
+    for new, old in zip(states["serving"], states["test"], strict=True):
+        assert not torch.allclose(new, old)  # the last event moved every client's state
+
+    summary = score.score_dataset(tiny_features, model_run, tmp_path / "serving.parquet", k=K)
+    assert summary["split"] == SERVING_SPLIT and summary["scored_clients"] == len(clients)
+    picks = top_items(tmp_path / "serving.parquet")
+    assert all(serving[c]["item"][-1] not in picks[c] for c in clients)
+    score.score_dataset(tiny_features, model_run, tmp_path / "test.parquet", k=K, split="test")
+    assert picks != top_items(tmp_path / "test.parquet")
+
+    # Features built before the serving split: the test rows, with a warning saying so.
+    old = tmp_path / "features-before-serving"
+    shutil.copytree(tiny_features, old, ignore=shutil.ignore_patterns(SERVING_SPLIT))
+    meta = json.loads((old / "metadata.json").read_text())
+    del meta["splits"][SERVING_SPLIT]
+    (old / "metadata.json").write_text(json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="hvd_ctsm.score"):
+        fallback = score.score_dataset(old, model_run, tmp_path / "old.parquet", k=K)
+    assert fallback["split"] == "test" and "rebuild the features" in caplog.text
+    assert pq.read_table(tmp_path / "old.parquet").equals(pq.read_table(tmp_path / "test.parquet"))
+
+
+def test_scoring_refuses_a_model_of_another_vocabulary(tiny_features, model_run, tmp_path):
     data = tmp_path / "other"
     shutil.copytree(tiny_features, data)
     meta = json.loads((data / "metadata.json").read_text())

@@ -1,0 +1,36 @@
+"""Which split batch scoring reads (pure: a metadata.json, no Spark, no model)."""
+
+import json
+import logging
+
+import pytest
+
+from hvd_ctsm.schema import SCHEMA_VERSION
+from hvd_ctsm.score import ScoringError, scoring_split
+
+
+def features(path, *splits):
+    path.mkdir()
+    meta = {"schema_version": SCHEMA_VERSION, "splits": {name: {"rows": 1} for name in splits}}
+    (path / "metadata.json").write_text(json.dumps(meta))
+    return path
+
+
+def test_serving_rows_are_scored_when_the_features_have_them(tmp_path, caplog):
+    data = features(tmp_path / "new", "train", "validation", "test", "serving")
+    with caplog.at_level(logging.WARNING, logger="hvd_ctsm.score"):
+        assert scoring_split(data) == "serving"
+        assert scoring_split(data, "test") == "test"  # asked for on purpose: no warning
+    assert not caplog.records
+
+
+def test_older_features_fall_back_to_test_with_a_warning(tmp_path, caplog):
+    data = features(tmp_path / "old", "train", "validation", "test")
+    with caplog.at_level(logging.WARNING, logger="hvd_ctsm.score"):
+        assert scoring_split(data) == "test"
+    assert len(caplog.records) == 1
+    assert "last event" in caplog.text and "rebuild the features" in caplog.text
+    with pytest.raises(ScoringError, match="no 'serving' split.*rebuild the features"):
+        scoring_split(data, "serving")
+    with pytest.raises(ScoringError, match="cannot score from 'train'"):
+        scoring_split(data, "train")  # training windows are not one row per client
