@@ -119,6 +119,9 @@ class DistConfig:
     """Horovod background cycle (HOROVOD_CYCLE_TIME); None: 20 ms without CUDA, else Horovod's."""
     threads_per_rank: int | None = None
     """torch threads per rank; None divides the machine's cores evenly between local ranks."""
+    sleeping_wait: bool | None = None
+    """Sleep, instead of Horovod's spin, while waiting for the gradient allreduce; None: on
+    without CUDA, where a spinning rank takes a core the other ranks' compute needs."""
 
     def __post_init__(self):
         _one_of("dist.compression", self.compression, {"none", "fp16"})

@@ -146,6 +146,37 @@ def distributed_optimizer(
     )
 
 
+# Horovod's own wait for an allreduce (synchronize) spins on sched_yield. Where the ranks' compute
+# shares the CPU with that wait, a rank that finished its backward early burns a core the slower
+# rank and both Horovod threads need (benchmarks/ANALYSIS.md). Sleeping between polls frees it;
+# the first polls come quickly, so a wait costs at most POLL_MAX_S of extra latency.
+POLL_FIRST_S, POLL_MAX_S = 0.0001, 0.001
+
+
+def wait_for_gradients(optimizer: torch.optim.Optimizer) -> None:
+    """Block until every gradient allreduce the wrapped optimizer started has finished, sleeping
+    between polls; the optimizer's synchronize() then finds them done and does not spin."""
+    hvd = _horovod()
+    for handle, _ in list(getattr(optimizer, "_handles", {}).values()):
+        pause = POLL_FIRST_S
+        while handle is not None and not hvd.poll(handle):
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_MAX_S)
+
+
+def synchronize_gradients(optimizer: torch.optim.Optimizer,
+                          sleeping_wait: bool | None = None) -> None:
+    """optimizer.synchronize(): the averaged gradients are in place when it returns.
+
+    sleeping_wait: sleep while waiting instead of Horovod's spin; None: on without CUDA (with
+    GPUs the host's cores are spare and the spin answers fastest)."""
+    if sleeping_wait is None:
+        sleeping_wait = not torch.cuda.is_available()
+    if sleeping_wait:
+        wait_for_gradients(optimizer)
+    optimizer.synchronize()
+
+
 @contextmanager
 def skip_synchronize(optimizer):
     """optimizer.step() without a second synchronize, after an explicit (timed) synchronize()."""

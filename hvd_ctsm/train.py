@@ -139,7 +139,7 @@ def optimizer_step(run: Run, batches, autocast, scaler) -> dict:
     adasum = cfg.dist.op == "adasum"
     if not adasum:
         with timer("allreduce"):
-            run.optimizer.synchronize()  # waits until the gradient allreduce has finished
+            dist.synchronize_gradients(run.optimizer, cfg.dist.sleeping_wait)
     with timer("step"):
         scaler.unscale_(run.optimizer)
         if cfg.optim.clip_grad_norm:
