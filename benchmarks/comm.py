@@ -4,19 +4,21 @@
     python benchmarks/comm.py --data FEATURES --quick    # one short pass, a smoke test
 
 Peer: `horovodrun -np 2 benchmarks/step_worker.py --backend horovod` (the trainer's default knobs
-for CPU) and `torchrun --nproc-per-node 2 ... --backend ddp`, launched in turn, same model, same
-batches; the figure is the ratio of their samples/s, repeat by repeat.
+for CPU), `torchrun --nproc-per-node 2 ... --backend ddp` and two independent `--backend local`
+workers side by side (each on one rank's batches, no communication: the machine's own limit),
+launched in turn, same model, same batches; the figures are ratios of samples/s, repeat by repeat.
 Knobs: one horovodrun launch per variant, all variants in turn per repeat: fp16 compression
-on/off, fusion threshold 0/1/8/64/128 MB, cycle time, backward_passes_per_step 1/2/4, threads and
-core affinity; each variant changes one knob from the trainer's CPU defaults. On the default model
-and (the knobs that act on the wire) on a communication-heavy one: a 200k-item vocabulary, ~25M
-parameters, ~100 MB of gradients a step.
+on/off, fusion threshold 0/1/8/64/128 MB, cycle time, backward_passes_per_step 1/2/4, threads,
+core affinity and Horovod's spinning wait; each variant changes one knob from the trainer's CPU
+defaults. On the default model and (the knobs that act on the wire) on a communication-heavy one:
+a 200k-item vocabulary, ~25M parameters, ~100 MB of gradients a step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +27,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, horovodrun, run, save, spread  # noqa: E402
+from benchmarks.common import RESULTS, env, horovodrun, run, save, spread  # noqa: E402
 from hvd_ctsm.config import DistConfig  # noqa: E402
 
 WORKER = str(Path(__file__).resolve().parent / "step_worker.py")
@@ -37,7 +39,8 @@ STEPS_SHARE = {"default": 1.0, "heavy": 0.3}  # heavy steps are slow: fewer of t
 def cpu_defaults() -> dict:
     """The trainer's defaults for CPU runs, as knobs for the worker."""
     d = DistConfig()
-    return {"cycle_ms": d.cycle_time_ms, "fusion_mb": d.fusion_threshold_mb}
+    return {"cycle_ms": d.cycle_time_ms, "fusion_mb": d.fusion_threshold_mb,
+            "sleeping_wait": d.sleeping_wait}
 
 
 def knob_variants(model: str, quick: bool) -> dict[str, dict]:
@@ -52,7 +55,8 @@ def knob_variants(model: str, quick: bool) -> dict[str, dict]:
         # 20 ms is the CPU default ("defaults"); 1 ms is Horovod's own default.
         variants |= {f"cycle_{ms}ms": base | {"cycle_ms": ms} for ms in (1, 5, 10, 50)}
         variants |= {"bpps_4": base | {"bpps": 4}, "threads_2": base | {"threads": 2},
-                     "affinity": base | {"affinity": True}}
+                     "affinity": base | {"affinity": True},
+                     "spin_wait": base | {"sleeping_wait": False}}
     unique, seen = {}, []
     for name, knobs in variants.items():
         if knobs not in seen:
@@ -67,27 +71,59 @@ def worker_cmd(backend: str, data: Path, out: Path, model: str, steps: int, extr
             "--warmup", str(min(5, steps)), *MODELS[model], *extra]
 
 
+def local_pair(data: Path, work: Path, steps: int, rep: int) -> dict:
+    """Two single-rank workers at once, on rank 0's and rank 1's batches: samples/s of both."""
+    procs = []
+    for rank in range(2):
+        out = work / f"peer-pair{rank}-{rep}.json"
+        log = open(out.with_suffix(".log"), "w")  # noqa: SIM115  closed when the process ends
+        cmd = [sys.executable, WORKER, *worker_cmd("local", data, out, "default", steps,
+                                                   ["--shard", f"{rank}/2"])]
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env()),
+                      log, out))
+    results = []
+    for proc, log, out in procs:
+        code = proc.wait(timeout=900)
+        log.close()
+        if code != 0:
+            raise RuntimeError(f"a paired worker exited {code}: see {log.name}")
+        results.append(json.loads(out.read_text()))
+    return {"samples_per_s": sum(r["samples_per_s"] for r in results),
+            "per_worker": [r["per_rank"][0] for r in results]}
+
+
+def launch(backend: str, data: Path, work: Path, steps: int, rep: int) -> dict:
+    out = work / f"peer-{backend}-{rep}.json"
+    if backend == "pair":
+        return local_pair(data, work, steps, rep)
+    if backend == "horovod":
+        cmd = horovodrun(2, [WORKER, *worker_cmd(
+            backend, data, out, "default", steps, ["--knobs", json.dumps(cpu_defaults())])])
+    else:
+        cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2",
+               WORKER, *worker_cmd(backend, data, out, "default", steps)]
+    run(cmd, out.with_suffix(".log"))
+    return json.loads(out.read_text())
+
+
 def peer(data: Path, work: Path, repeats: int, steps: int) -> dict:
-    """Horovod and DDP launches alternated; samples/s ratio per repeat."""
-    runs = {"horovod": [], "ddp": []}
+    """Horovod, DDP and the independent pair launched in turn; ratios per repeat."""
+    runs = {"horovod": [], "ddp": [], "pair": []}
     for rep in range(repeats):
-        for backend in ("horovod", "ddp"):
-            out = work / f"peer-{backend}-{rep}.json"
-            if backend == "horovod":
-                cmd = horovodrun(2, [WORKER, *worker_cmd(
-                    backend, data, out, "default", steps, ["--knobs", json.dumps(cpu_defaults())])])
-            else:
-                cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2",
-                       WORKER, *worker_cmd(backend, data, out, "default", steps)]
-            run(cmd, work / f"peer-{backend}-{rep}.log")
-            runs[backend].append(json.loads(out.read_text()))
+        for backend in runs:
+            runs[backend].append(launch(backend, data, work, steps, rep))
             print(f"[comm] peer {backend} repeat {rep + 1}: "
                   f"{runs[backend][-1]['samples_per_s']:.0f} samples/s", flush=True)
-    ratios = [h["samples_per_s"] / d["samples_per_s"]
-              for h, d in zip(runs["horovod"], runs["ddp"], strict=True)]
-    return {"horovod_samples_per_s": spread(r["samples_per_s"] for r in runs["horovod"]),
-            "ddp_samples_per_s": spread(r["samples_per_s"] for r in runs["ddp"]),
-            "horovod_over_ddp": spread(ratios), "runs": runs}
+
+    def ratio(a: str, b: str) -> dict:
+        return spread(x["samples_per_s"] / y["samples_per_s"]
+                      for x, y in zip(runs[a], runs[b], strict=True))
+
+    return {f"{k}_samples_per_s": spread(r["samples_per_s"] for r in rs)
+            for k, rs in runs.items()} | {
+        "horovod_over_ddp": ratio("horovod", "ddp"),
+        "horovod_over_pair": ratio("horovod", "pair"),
+        "ddp_over_pair": ratio("ddp", "pair"), "runs": runs}
 
 
 def knobs(data: Path, work: Path, repeats: int, steps: int, quick: bool) -> dict:
@@ -111,7 +147,9 @@ def knobs(data: Path, work: Path, repeats: int, steps: int, quick: bool) -> dict
                    "vs_defaults": spread(r["samples_per_s"] / b["samples_per_s"]
                                          for r, b in zip(rs, base, strict=True)),
                    "step_median_s": spread(r["step_median_s"] for r in rs),
-                   "wait_share": spread(r["wait_share"] for r in rs)}
+                   "wait_share": spread(r["wait_share"] for r in rs),
+                   "wait_cpu_share": spread(r["wait_cpu_share"] for r in rs),
+                   "other_threads_cores": spread(r["other_threads_cores"] for r in rs)}
             for name, rs in per_variant.items()}}
     return out
 

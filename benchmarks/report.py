@@ -68,16 +68,25 @@ def comm(p: dict) -> list[str]:
            f"| Horovod (trainer defaults) | {med(peer['horovod_samples_per_s'], '{:.0f}')} |",
            f"| PyTorch DDP (torchrun, Gloo) | {med(peer['ddp_samples_per_s'], '{:.0f}')} |",
            f"| **Horovod / DDP** | **{med(peer['horovod_over_ddp'])}** |", ""]
+    if "horovod_over_pair" in peer:  # results before 2026-11-22 had no independent pair here
+        out[-1:-1] = [
+            f"| two independent single-rank workers (no communication) "
+            f"| {med(peer['pair_samples_per_s'], '{:.0f}')} |",
+            f"| **Horovod / independent pair** | **{med(peer['horovod_over_pair'])}** |",
+            f"| DDP / independent pair | {med(peer['ddp_over_pair'])} |"]
     for model, res in p["knobs"].items():
         out += [f"Knobs, {model} model ({res['parameters']:,} parameters):", "",
                 "| variant | gradient MB/step | samples/s | vs defaults | step ms "
-                "| allreduce wait |",
-                "| --- | ---: | ---: | ---: | ---: | ---: |"]
+                "| allreduce wait | CPU busy while waiting | cores taken by other threads |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for name, v in res["variants"].items():
+            cpu = (f"| {med(v['wait_cpu_share'], '{:.0%}')} "
+                   f"| {med(v['other_threads_cores'], '{:.3f}')} |"
+                   if "wait_cpu_share" in v else "| | |")
             out.append(f"| {name} | {v['gradient_bytes_per_step'] / 2**20:.1f} "
                        f"| {med(v['samples_per_s'], '{:.0f}')} | {med(v['vs_defaults'])} "
                        f"| {1000 * v['step_median_s']['median']:.0f} "
-                       f"| {med(v['wait_share'], '{:.1%}')} |")
+                       f"| {med(v['wait_share'], '{:.1%}')} {cpu}")
         out.append("")
     return out
 

@@ -36,7 +36,7 @@ from hvd_ctsm.model import CTSM
 from hvd_ctsm.train_support import build_model_sizes
 
 KNOBS = {"compression": "none", "bpps": 1, "fusion_mb": None, "cycle_ms": None, "threads": 1,
-         "affinity": False}
+         "affinity": False, "sleeping_wait": None}
 
 
 def parse_args(argv):
@@ -52,6 +52,9 @@ def parse_args(argv):
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--items", type=int, default=0, help="item vocabulary (0: the data's)")
+    p.add_argument("--shard", default=None, metavar="R/N",
+                   help="--backend local: train on rank R's batches of an N-rank job (the same "
+                        "batches that rank trains on, for a like-for-like independent pair)")
     p.add_argument("--loss", default="full", choices=("full", "sampled", "bce"))
     return p.parse_args(argv)
 
@@ -61,7 +64,7 @@ class Backend:
 
     def __init__(self, kind: str):
         self.kind = kind
-        self.rank, self.size = 0, 1
+        self.rank, self.size, self.sleeping_wait = 0, 1, None
         if kind == "horovod":
             from hvd_ctsm import distributed
 
@@ -80,6 +83,7 @@ class Backend:
         if self.kind == "horovod":
             self.dist.set_horovod_knobs(knobs["fusion_mb"], knobs["cycle_ms"])
             self.dist.init(knobs["threads"])
+            self.sleeping_wait = knobs["sleeping_wait"]
             self.rank, self.size = self.dist.rank(), self.dist.size()
         torch.set_num_threads(knobs["threads"])
 
@@ -87,6 +91,7 @@ class Backend:
         if self.kind == "horovod":
             self.dist.shutdown()
         elif self.kind == "ddp":
+            torch.distributed.barrier()  # no rank tears down while its peer still talks to it
             torch.distributed.destroy_process_group()
 
     def wrap(self, model, optimizer, knobs: dict):
@@ -109,6 +114,35 @@ class Backend:
         return [obj]
 
 
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) used so far by each thread of this process, from /proc:
+    {thread id: (name, seconds)}. Linux only; {} elsewhere."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path("/proc/self/task").glob("*") if Path("/proc/self/task").exists() else ():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_by_thread(before: dict, after: dict, seconds: float) -> dict[str, float]:
+    """Each thread's share of one core over the window, keyed 'main' or 'name:tid' (threads
+    that used under 0.5% are summed into 'other')."""
+    shares = {}
+    for tid, (name, cpu) in after.items():
+        used = (cpu - before.get(tid, (name, 0.0))[1]) / seconds
+        key = "main" if tid == os.getpid() else f"{name}:{tid}"
+        if key != "main" and used < 0.005:
+            key = "other"
+        shares[key] = shares.get(key, 0.0) + used
+    return dict(sorted(shares.items(), key=lambda kv: -kv[1]))
+
+
 def preload(args, rank: int, size: int, meta: dict, rows: int) -> list[dict]:
     url = split_url(args.data, "train")
     plan = plan_epoch(url, size, rows)
@@ -116,37 +150,45 @@ def preload(args, rank: int, size: int, meta: dict, rows: int) -> list[dict]:
     return list(train_batches(url, rank, size, 0, plan, rows, int(meta["max_len"]), seed=0))
 
 
-def timed_steps(model, optimizer, batches, args, backend, bpps: int) -> list[dict]:
-    """warmup + steps optimizer steps; time compute, allreduce wait and the whole step."""
+def timed_steps(model, optimizer, batches, args, backend, bpps: int) -> tuple[list, dict]:
+    """warmup + steps optimizer steps; time compute, allreduce wait and the whole step, and
+    measure each thread's CPU over the timed steps."""
     times = []
     model.train()
     for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
+        if i == args.warmup:
+            cpu_before, start = thread_cpu(), time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for j in range(bpps):
             batch = batches[(i * bpps + j) % len(batches)]
             loss = sum(model(batch).values()) / bpps
             loss.backward()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         if backend.kind == "horovod":
-            optimizer.synchronize()
-            t2 = time.perf_counter()
+            backend.dist.synchronize_gradients(optimizer, backend.sleeping_wait)
+            t2, c2 = time.perf_counter(), time.thread_time()
             with optimizer.skip_synchronize():
                 optimizer.step()
         else:
-            t2 = t1
+            t2, c2 = t1, c1
             optimizer.step()
+        t3, c3 = time.perf_counter(), time.thread_time()
         optimizer.zero_grad()
+        t4 = time.perf_counter()
         if i >= args.warmup:
-            times.append({"compute": t1 - t0, "wait": t2 - t1, "step": time.perf_counter() - t0})
-    return times
+            times.append({"compute": t1 - t0, "wait": t2 - t1, "update": t3 - t2,
+                          "zero_grad": t4 - t3, "step": t4 - t0, "compute_cpu": c1 - c0,
+                          "wait_cpu": c2 - c1, "update_cpu": c3 - c2})
+    return times, cpu_by_thread(cpu_before, thread_cpu(), time.perf_counter() - start)
 
 
-def summarise(per_rank: list[list[dict]], args, size: int, knobs: dict, numel: int) -> dict:
+def summarise(gathered: list[dict], args, size: int, knobs: dict, numel: int) -> dict:
     """The job's time is the slowest rank's total (every step ends in a common allreduce)."""
+    per_rank = [g["times"] for g in gathered]
     totals = [sum(t["step"] for t in times) for times in per_rank]
     waits = [sum(t["wait"] for t in times) / total
              for times, total in zip(per_rank, totals, strict=True)]
-    medians = [{k: statistics.median(t[k] for t in times) for k in ("compute", "wait", "step")}
+    medians = [{k: statistics.median(t[k] for t in times) for k in times[0]}
                for times in per_rank]
     samples = args.steps * knobs["bpps"] * args.batch_size * size
     wire_bytes = 2 if knobs["compression"] == "fp16" else 4
@@ -155,7 +197,15 @@ def summarise(per_rank: list[list[dict]], args, size: int, knobs: dict, numel: i
             "samples_per_s": samples / max(totals), "seconds": max(totals),
             "step_median_s": max(m["step"] for m in medians),
             "compute_median_s": max(m["compute"] for m in medians),
-            "wait_share": statistics.mean(waits), "per_rank": medians}
+            "wait_share": statistics.mean(waits), "per_rank": medians,
+            # How much of the allreduce wait the main thread spent on a CPU (a spin shows ~1),
+            # and the cores the process's other threads (Horovod's, Gloo's) took meanwhile.
+            "wait_cpu_share": statistics.mean(
+                sum(t["wait_cpu"] for t in times) / max(sum(t["wait"] for t in times), 1e-9)
+                for times in per_rank),
+            "other_threads_cores": statistics.mean(
+                sum(v for k, v in g["threads"].items() if k != "main") for g in gathered),
+            "cpu_by_thread": [g["threads"] for g in gathered]}
 
 
 def main(argv=None) -> int:
@@ -171,9 +221,12 @@ def main(argv=None) -> int:
     model = CTSM(sizes, dim=args.dim, layers=args.layers, heads=2, dropout=0.0, loss=args.loss)
     numel = sum(p.numel() for p in model.parameters())
     model, optimizer = backend.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-3), knobs)
-    batches = preload(args, backend.rank, backend.size, meta, args.batch_size)
-    per_rank = backend.gather(timed_steps(model, optimizer, batches, args, backend,
-                                          knobs["bpps"]))
+    shard = (backend.rank, backend.size)
+    if args.shard and args.backend == "local":
+        shard = tuple(int(x) for x in args.shard.split("/"))
+    batches = preload(args, *shard, meta, args.batch_size)
+    times, threads = timed_steps(model, optimizer, batches, args, backend, knobs["bpps"])
+    per_rank = backend.gather({"times": times, "threads": threads})
     if backend.rank == 0:
         result = {"backend": args.backend} | summarise(per_rank, args, backend.size, knobs, numel)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,12 @@ def test_comm_runs_horovod_and_ddp_on_the_same_model(results):
     peer = p["peer"]
     assert peer["runs"]["horovod"][0]["parameters"] == peer["runs"]["ddp"][0]["parameters"]
     assert peer["runs"]["horovod"][0]["size"] == peer["runs"]["ddp"][0]["size"] == 2
+    # The independent pair: two single-rank workers, each on one rank's batches.
+    assert [w["compute"] > 0 for w in peer["runs"]["pair"][0]["per_worker"]] == [True, True]
+    assert peer["horovod_over_pair"]["median"] > 0 and peer["ddp_over_pair"]["median"] > 0
+    hvd_run = peer["runs"]["horovod"][0]
+    assert [set(t) >= {"main"} for t in hvd_run["cpu_by_thread"]] == [True, True]
+    assert 0 <= hvd_run["wait_cpu_share"] <= 1.5 and hvd_run["other_threads_cores"] >= 0
     variants = p["knobs"]["default"]["variants"]
     assert variants["defaults"]["vs_defaults"]["median"] == 1.0
     # fp16 compression halves the bytes on the wire.
@@ -82,4 +88,5 @@ def test_report_renders_every_section(results, tmp_path):
     text = out.read_text()
     for heading in ("## Scaling", "## Horovod vs DDP", "## Input pipeline", "## Quality"):
         assert heading in text
-    assert "Horovod / DDP" in text and "(oversubscribed)" not in text  # np=4 is not in quick
+    assert "Horovod / DDP" in text and "Horovod / independent pair" in text
+    assert "(oversubscribed)" not in text  # np=4 is not in quick
