@@ -7,6 +7,11 @@ rows decoded, shuffled and collated into padded batches), in turn with our .npy 
 Petastorm's own (np.load per cell), repeats times, one torch thread. The trainer's consumption per
 rank and its share of step time spent waiting for data come from the scaling benchmark's np=2 runs
 of the same data (its train_log.jsonl timers), when given.
+
+The data wait of a one-epoch run is mostly the first fill of the shuffle buffer, paid once per
+job; later epochs' readers open ahead, while the previous epoch validates. So the trainer also
+runs a few epochs at np=2, logging once per epoch, and the wait is reported for the first epoch
+and for the later ones apart.
 """
 
 from __future__ import annotations
@@ -14,13 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, save, spread  # noqa: E402
+from benchmarks.common import RESULTS, horovodrun, run, save, spread  # noqa: E402
+from benchmarks.scaling import trainer_args  # noqa: E402
 
 
 def read_shard(data: Path, rank: int, size: int, batch_size: int, fast: bool) -> float:
@@ -51,6 +58,22 @@ def trainer_side(scaling: Path | None) -> dict | None:
             "data_wait_share": spread(r["shares"].get("data", 0.0) for r in runs)}
 
 
+def data_wait_by_epoch(data: Path, work: Path, config: str | None, epochs: int) -> list[float]:
+    """One np=2 training run of `epochs` epochs, logged once per epoch: each epoch's data share
+    (averaged over ranks by the trainer)."""
+    from hvd_ctsm.config import load_config
+    from hvd_ctsm.data import plan_epoch, split_url
+
+    cfg = load_config(config)
+    steps = plan_epoch(split_url(data, "train"), 2,
+                       cfg.data.batch_size * cfg.dist.backward_passes_per_step).steps
+    out = work / "trainer"
+    args = trainer_args(data, out, config, [f"epochs={epochs}", f"log_every_steps={steps}"])
+    run(horovodrun(2, args), work / "trainer.log")
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    return [r.get("time_share/data", 0.0) for r in records]
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -59,6 +82,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=32, help="as the trainer's data.batch_size")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--scaling", type=Path, help="scaling.json of the same data")
+    p.add_argument("--config", default=None, help="trainer preset for the multi-epoch run")
+    p.add_argument("--epochs", type=int, default=3, help="epochs of the multi-epoch run")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
@@ -70,11 +95,20 @@ def main(argv=None) -> int:
             per_rank = [read_shard(args.data, r, 2, args.batch_size, fast) for r in range(2)]
             rates[name].append(min(per_rank))  # the slower shard paces the job
     reading = {name: spread(values) for name, values in rates.items()}
+    by_epoch = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="bench-input-") as tmp:
+            by_epoch.append(data_wait_by_epoch(args.data, Path(tmp), args.config,
+                                               2 if args.quick else args.epochs))
     payload = {"data": args.data.name, "batch_size": args.batch_size, "repeats": repeats,
                "read_rows_per_s_per_rank": reading,
                "decoder_speedup": reading["ours"]["median"]
                / reading["petastorm_np_load"]["median"],
-               "trainer": trainer_side(args.scaling)}
+               "trainer": trainer_side(args.scaling),
+               "data_wait_by_epoch": {
+                   "runs": by_epoch,
+                   "first_epoch": spread(r[0] for r in by_epoch),
+                   "later_epochs": spread(x for r in by_epoch for x in r[1:])}}
     save("input_pipeline", payload, args.out)
     print(json.dumps({k: v for k, v in payload.items() if k != "trainer"}, indent=1))
     return 0

@@ -101,7 +101,14 @@ def input_pipeline(p: dict) -> list[str]:
         t = p["trainer"]
         out += [f"The trainer at np=2 consumes {med(t['rows_per_s_per_rank'], '{:.0f}')} rows/s "
                 f"per rank and waits for data {med(t['data_wait_share'], '{:.1%}')} of its step "
-                "time.", ""]
+                "time (one-epoch runs of the scaling benchmark).", ""]
+    if p.get("data_wait_by_epoch"):
+        w = p["data_wait_by_epoch"]
+        out += [f"In {len(w['runs'])} runs of {len(w['runs'][0])} epochs at np=2, logged once "
+                f"per epoch, the data wait was {med(w['first_epoch'], '{:.2%}')} of step time in "
+                f"the first epoch (the shuffle buffer's first fill) and "
+                f"{med(w['later_epochs'], '{:.2%}')} in the later ones (their readers open "
+                "ahead, while the previous epoch validates).", ""]
     return out
 
 

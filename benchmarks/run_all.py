@@ -61,8 +61,8 @@ def main(argv=None) -> int:
         config = ["--config", preset] if preset else []
         steps = [("scaling", lambda: scaling.main(["--data", str(real), *config, *quick, *out])),
                  ("input", lambda: input_pipeline.main(
-                     ["--data", str(real), "--scaling", str(args.out / "scaling.json"), *quick,
-                      *out])),
+                     ["--data", str(real), "--scaling", str(args.out / "scaling.json"), *config,
+                      *quick, *out])),
                  ("comm", lambda: comm.main(["--data", str(syn), *quick, *out])),
                  ("quality", lambda: quality.main(["--data", str(syn), *quick, *out])),
                  ("spark", lambda: spark_features.main([*quick, *out]))]

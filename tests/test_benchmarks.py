@@ -22,6 +22,7 @@ def results(tiny_features, tmp_path_factory):
     data = ["--data", str(tiny_features)]
     assert scaling.main([*data, "--config", "default", "--quick", "--out", str(out)]) == 0
     assert input_pipeline.main([*data, "--quick", "--scaling", str(out / "scaling.json"),
+                                "--config", "default",
                                 "--out", str(out)]) == 0
     assert comm.main([*data, "--quick", "--out", str(out)]) == 0
     assert quality.main([*data, "--quick", "--out", str(out)]) == 0
@@ -49,6 +50,9 @@ def test_input_pipeline_compares_both_decoders(results):
     reading = p["read_rows_per_s_per_rank"]
     assert reading["ours"]["median"] > 0 and reading["petastorm_np_load"]["median"] > 0
     assert p["trainer"]["rows_per_s_per_rank"]["median"] > 0
+    # --quick trains 2 epochs, logged once per epoch: one data share for each.
+    assert [len(r) for r in p["data_wait_by_epoch"]["runs"]] == [2]
+    assert all(0 <= share < 1 for share in p["data_wait_by_epoch"]["runs"][0])
 
 
 def test_comm_runs_horovod_and_ddp_on_the_same_model(results):
