@@ -37,10 +37,14 @@ class DataConfig:
     """Batches read and collated ahead in a background thread (0: read inline)."""
     shuffle_buffer: int = 1024
     """Rows held for in-memory shuffling; row groups are shuffled too. 0 disables row shuffling."""
+    read_ahead_steps: int = 4
+    """Open the next epoch's reader this many optimizer steps before the current epoch ends, so
+    its shuffle buffer fills while they train (0: when the epoch ends)."""
 
     def __post_init__(self):
         _check(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
         _check(self.prefetch_batches >= 0, "data.prefetch_batches must be >= 0")
+        _check(self.read_ahead_steps >= 0, "data.read_ahead_steps must be >= 0")
         _check(self.shuffle_buffer >= 0, "data.shuffle_buffer must be >= 0")
 
 

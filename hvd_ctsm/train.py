@@ -221,11 +221,14 @@ def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) 
     run.model.train()
     if position["epoch"] < cfg.epochs:
         batches = epoch_batches(run, position["epoch"], skip=position["batch"])
+    upcoming = None  # the next epoch's batches, once its reader is open
     for epoch in range(position["epoch"], cfg.epochs):
         done = position["batch"] if epoch == position["epoch"] else 0  # optimizer steps
         while done < run.plan.steps and step < stop_at:
             losses = optimizer_step(run, batches, autocast, scaler)
             step, done = step + 1, done + 1
+            if upcoming is None and read_ahead_now(run, epoch, done, step, stop_at):
+                upcoming = epoch_batches(run, epoch + 1, skip=0)
             bar.update(1)
             if step % cfg.log_every_steps == 0 or step == stop_at:
                 log_training(run, step, losses, bar)
@@ -237,8 +240,8 @@ def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) 
             save_checkpoint(run, checkpoints, {"epoch": epoch, "batch": done, "step": step,
                                                "best": best})
             break
-        if epoch + 1 < cfg.epochs:  # read ahead: the reader opens while this epoch validates
-            batches = epoch_batches(run, epoch + 1, skip=0)
+        if epoch + 1 < cfg.epochs:
+            batches, upcoming = upcoming or epoch_batches(run, epoch + 1, skip=0), None
         is_best = False
         if (epoch + 1) % cfg.eval_every_epochs == 0 or epoch + 1 == cfg.epochs:
             metrics = validate(run.model, cfg, run.meta, run.device)
@@ -260,6 +263,14 @@ def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) 
         run.writer.close()
         log.info("done after %d steps; ranks in sync: %s", step, len(set(checksums)) == 1)
     return summary
+
+
+def read_ahead_now(run: Run, epoch: int, done: int, step: int, stop_at: int) -> bool:
+    """Time to open the next epoch's reader: data.read_ahead_steps before this epoch ends (at
+    its end with 0), if there is a next epoch and the run will train in it (max_steps)."""
+    left = run.plan.steps - done
+    return (epoch + 1 < run.cfg.epochs and left <= run.cfg.data.read_ahead_steps
+            and step + left < stop_at)
 
 
 def epoch_batches(run: Run, epoch: int, skip: int):
