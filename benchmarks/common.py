@@ -68,7 +68,9 @@ def machine() -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO,
                                 capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        # The benchmarks' own outputs are tracked: writing them does not make the code dirty.
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":!benchmarks/results", ":!benchmarks/RESULTS.md"],
                                cwd=REPO, capture_output=True, text=True).stdout.strip()
         commit += "+changes" if dirty else ""
     except (OSError, subprocess.CalledProcessError):
