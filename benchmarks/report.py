@@ -114,7 +114,7 @@ def input_pipeline(p: dict) -> list[str]:
                 f"per epoch, the data wait was {med(w['first_epoch'], '{:.2%}')} of step time in "
                 f"the first epoch (the shuffle buffer's first fill) and "
                 f"{med(w['later_epochs'], '{:.2%}')} in the later ones (their readers open "
-                "ahead, while the previous epoch validates).", ""]
+                "`data.read_ahead_steps` steps before the previous epoch ends).", ""]
     return out
 
 
@@ -133,6 +133,21 @@ def quality(p: dict) -> list[str]:
         out.append(f"- {name}: mean {v['mean_minus_x1']:+.4f} against x1; inside "
                    f"x1's range over seeds: {v['in_x1_range']}; within 2 stdev of x1: "
                    f"{v['within_2_stdev']}.")
+    return [*out, ""]
+
+
+def trainer_ab(p: dict) -> list[str]:
+    """One side-by-side check of trainer settings (benchmarks/trainer_ab.py)."""
+    out = [f"Data: {p['data']}, preset {p['config']}, np={p['np']}, {p['epochs']} epoch(s), "
+           f"{p['repeats']} repeats, variants in turn.", "",
+           "| variant | s per epoch | time vs first | allreduce wait | data wait, 1st epoch "
+           "| data wait, later epochs |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, v in p["summary"].items():
+        later = v.get("data_share_later_epochs")
+        out.append(f"| `{name}` | {med(v['epoch_seconds'], '{:.1f}')} | {med(v['vs_first'])} "
+                   f"| {med(v['allreduce_share'], '{:.1%}')} "
+                   f"| {med(v['data_share_first_epoch'], '{:.1%}')} "
+                   f"| {med(later, '{:.2%}') if later else '-'} |")
     return [*out, ""]
 
 
@@ -162,6 +177,10 @@ def render(results: Path) -> str:
         if path.exists():
             payload = json.loads(path.read_text())
             lines += [f"## {title}", "", stamp(payload), "", *fn(payload)]
+    for path in sorted(results.glob("ab_*.json")):
+        payload = json.loads(path.read_text())
+        lines += [f"## Trainer side by side: {path.stem[3:]}", "", stamp(payload), "",
+                  *trainer_ab(payload)]
     return "\n".join(lines).rstrip() + "\n"
 
 

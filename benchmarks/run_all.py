@@ -20,12 +20,25 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import comm, input_pipeline, quality, report, scaling, spark_features  # noqa: E402
+from benchmarks import (comm, input_pipeline, quality, report, scaling,  # noqa: E402
+                        spark_features, trainer_ab)
 from benchmarks.common import ML100K, REPO, RESULTS, build_features  # noqa: E402
 
 SYNTHETIC = "synthetic:clients=1200,items=300,events=60000,seed=7"
 SYNTHETIC_QUICK = "synthetic:clients=200,items=60,events=8000,seed=7"
-ALL = ("scaling", "input", "comm", "quality", "spark")
+ALL = ("scaling", "input", "comm", "quality", "spark", "ab")
+# Trainer settings whose defaults rest on a side-by-side check: (name, np, epochs, variants).
+AB_CHECKS = [("read_ahead", 2, 3, ["data.read_ahead_steps=0", "data.read_ahead_steps=4"]),
+             ("sleeping_wait_np2", 2, 1, ["dist.sleeping_wait=false", "dist.sleeping_wait=true"]),
+             ("sleeping_wait_np4", 4, 1, ["dist.sleeping_wait=false", "dist.sleeping_wait=true"])]
+
+
+def ab_checks(data: Path, config: list[str], quick: bool, out: list[str]) -> None:
+    for name, np, epochs, variants in AB_CHECKS[:1] if quick else AB_CHECKS:
+        trainer_ab.main(["--data", str(data), *config, "--np", str(np),
+                         "--epochs", str(2 if quick else epochs), "--name", name,
+                         "--repeats", "1" if quick else "3",
+                         *(a for v in variants for a in ("--variant", v)), *out])
 
 
 def datasets(work: Path, ml100k: Path, quick: bool) -> tuple[Path, Path, str | None]:
@@ -65,7 +78,8 @@ def main(argv=None) -> int:
                       *quick, *out])),
                  ("comm", lambda: comm.main(["--data", str(syn), *quick, *out])),
                  ("quality", lambda: quality.main(["--data", str(syn), *quick, *out])),
-                 ("spark", lambda: spark_features.main([*quick, *out]))]
+                 ("spark", lambda: spark_features.main([*quick, *out])),
+                 ("ab", lambda: ab_checks(real, config, args.quick, out))]
         for name, step in steps:
             if name in only:
                 started = time.perf_counter()

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from benchmarks import comm, input_pipeline, quality, report, scaling, spark_features
+from benchmarks import comm, input_pipeline, quality, report, scaling, spark_features, trainer_ab
 
 pytestmark = [pytest.mark.slow, pytest.mark.horovod]
 
@@ -26,6 +26,9 @@ def results(tiny_features, tmp_path_factory):
                                 "--out", str(out)]) == 0
     assert comm.main([*data, "--quick", "--out", str(out)]) == 0
     assert quality.main([*data, "--quick", "--out", str(out)]) == 0
+    assert trainer_ab.main([*data, "--config", "default", "--epochs", "2", "--repeats", "1",
+                            "--name", "read_ahead", "--variant", "data.read_ahead_steps=0",
+                            "--variant", "data.read_ahead_steps=4", "--out", str(out)]) == 0
     return out
 
 
@@ -83,6 +86,14 @@ def test_quality_backtests_each_effective_batch(results):
     assert all(0 <= t["ndcg@10"]["mean"] <= 1 for t in table.values())
 
 
+def test_trainer_ab_alternates_variants_and_splits_epochs(results):
+    p = load(results, "ab_read_ahead")
+    assert list(p["summary"]) == ["data.read_ahead_steps=0", "data.read_ahead_steps=4"]
+    for runs in p["runs"].values():  # one log record per epoch
+        assert [len(r["data_share_by_record"]) for r in runs] == [2]
+    assert p["summary"]["data.read_ahead_steps=0"]["vs_first"]["median"] == 1.0
+
+
 def test_spark_feature_benchmark_quick(spark, tmp_path):
     assert spark_features.main(["--quick", "--out", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "spark_features.json").read_text())
@@ -94,7 +105,8 @@ def test_report_renders_every_section(results, tmp_path):
     out = tmp_path / "RESULTS.md"
     assert report.main(["--results", str(results), "--out", str(out)]) == 0
     text = out.read_text()
-    for heading in ("## Scaling", "## Horovod vs DDP", "## Input pipeline", "## Quality"):
+    for heading in ("## Scaling", "## Horovod vs DDP", "## Input pipeline", "## Quality",
+                    "## Trainer side by side: read_ahead"):
         assert heading in text
     assert "Horovod / DDP" in text and "Horovod / independent pair" in text
     assert "(oversubscribed)" not in text  # np=4 is not in quick
