@@ -59,6 +59,13 @@ def scaling(p: dict) -> list[str]:
                 f"{med(s['pair_rows_per_s'], '{:.0f}')} rows/s together. The np=2 job reaches "
                 f"**{med(s['np2_efficiency_vs_pair'], '{:.1%}')}** of that (each repeat against "
                 "the pair run in the same repeat).", ""]
+    if "np2_wait_split_per_step" in s:
+        w = s["np2_wait_split_per_step"]
+        out += [f"Logged every step (an extra np=2 run per repeat, not timed), the allreduce "
+                f"wait was {med(w['allreduce_share'], '{:.1%}')} of step time on average over "
+                f"the ranks and {med(w['least_waiting_rank_share'], '{:.1%}')} for the rank "
+                "that waited least in each step: the allreduce itself. The difference is ranks "
+                "waiting for a peer whose batch took longer.", ""]
     out += [f"![epoch time vs workers](results/{p['plots'][0]}) "
             f"![communication share](results/{p['plots'][1]})", ""]
     return out

@@ -64,6 +64,23 @@ def run_np(np: int, data: Path, work: Path, config: str | None, extra: list[str]
     return read_train_log(out)
 
 
+def wait_split_per_step(data: Path, work: Path, config: str | None, extra: list[str]) -> dict:
+    """An np=2 run logged every step (not timed: logging is a collective): the average wait
+    against the least-waiting rank's, per step. In 5-step intervals the least-waiting rank
+    changes within the interval, so only per-step records separate the allreduce itself from
+    waiting for a slower peer."""
+    out = work / "np2-per-step"
+    run(horovodrun(2, trainer_args(data, out, config, [*extra, "log_every_steps=1"])),
+        work / "np2-per-step.log")
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    records = records[1:] or records  # the first step holds start-up skew between the ranks
+    waits = [r["step_time"]["wait_s_by_rank"] for r in records]
+    seconds = sum(r["time/step_seconds"] for r in records)
+    return {"steps": len(records),
+            "allreduce_share": sum(sum(w) / len(w) for w in waits) / seconds,
+            "least_waiting_rank_share": sum(min(w) for w in waits) / seconds}
+
+
 def run_pair(data: Path, work: Path, config: str | None, extra: list[str]) -> dict:
     """Two independent single-rank trainers at once: what two workers reach with no comm."""
     procs, outs = [], []
@@ -93,6 +110,9 @@ def measure(data: Path, sizes: list[int], repeats: int, config: str | None,
                       f"{runs[f'np{n}'][-1]['epoch_seconds']:.1f} s", flush=True)
             if pair:
                 runs["pair"].append(run_pair(data, Path(tmp), config, extra))
+            if 2 in sizes:
+                runs.setdefault("np2_per_step", []).append(
+                    wait_split_per_step(data, Path(tmp), config, extra))
     return runs
 
 
@@ -115,6 +135,10 @@ def summarise(runs: dict, sizes: list[int]) -> dict:
                   for a, b in zip(runs["np2"], runs["pair"], strict=True)]
         out["pair_rows_per_s"] = spread(r["rows_per_s"] for r in runs["pair"])
         out["np2_efficiency_vs_pair"] = spread(ratios)
+    if "np2_per_step" in runs:
+        out["np2_wait_split_per_step"] = {
+            k: spread(r[k] for r in runs["np2_per_step"])
+            for k in ("allreduce_share", "least_waiting_rank_share")}
     return out
 
 
