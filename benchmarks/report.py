@@ -39,21 +39,15 @@ def stamp(payload: dict) -> str:
 
 def scaling(p: dict) -> list[str]:
     s = p["summary"]
-    rows = ["| ranks | epoch s | time vs 1 rank | rows/s | allreduce wait "
-            "| of it, the least-waiting rank's | data wait |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| ranks | epoch s | time vs 1 rank | rows/s | allreduce wait | data wait |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |"]
     for n, r in s["sizes"].items():
         note = " (oversubscribed)" if r["oversubscribed"] else ""
-        least = (med(r["least_waiting_rank_share"], "{:.1%}")
-                 if "least_waiting_rank_share" in r else "")
         rows.append(f"| {n}{note} | {med(r['epoch_seconds'], '{:.1f}')} "
                     f"| {r['time_vs_np1']:.2f}x | {med(r['rows_per_s'], '{:.0f}')} "
-                    f"| {med(r['allreduce_share'], '{:.1%}')} | {least} "
-                    f"| {med(r['data_share'], '{:.1%}')} |")
+                    f"| {med(r['allreduce_share'], '{:.1%}')} | {med(r['data_share'], '{:.1%}')} |")
     out = [f"Data: {p['data']}, preset {p['config']}, one epoch, {p['repeats']} repeats "
-           "(median [min-max]). Allreduce wait is averaged over ranks; the least-waiting "
-           "rank's wait (per logged interval) is the allreduce itself, the rest is ranks "
-           "waiting for a peer whose batch took longer.", "", *rows, ""]
+           "(median [min-max]).", "", *rows, ""]
     if "np2_efficiency_vs_pair" in s:
         out += [f"Two independent single-rank trainers side by side: "
                 f"{med(s['pair_rows_per_s'], '{:.0f}')} rows/s together. The np=2 job reaches "

@@ -40,22 +40,18 @@ def read_train_log(out: Path) -> dict:
     """Epoch seconds (sum of step times), rows/s and time shares from the trainer's own log."""
     records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     summary = json.loads((out / "train_summary.json").read_text())
-    seconds, shares, last, least_wait = 0.0, {}, 0, 0.0
+    seconds, shares, last = 0.0, {}, 0
     for rec in records:
         steps = rec["step"] - last
         last = rec["step"]
         seconds += rec["time/step_seconds"] * steps
-        # The rank that waited least waited for the allreduce itself; the others also waited
-        # for a slower peer (uneven batches): the gap between the two is load imbalance.
-        least_wait += min(rec["step_time"]["wait_s_by_rank"]) * steps
         for key, value in rec.items():
             if key.startswith("time_share/"):
                 shares[key.split("/")[1]] = shares.get(key.split("/")[1], 0.0) + value * steps
     rows = summary["steps"] * summary["effective_batch"]
     return {"epoch_seconds": seconds, "rows": rows, "rows_per_s": rows / seconds,
             "ranks": summary["ranks"], "steps": summary["steps"],
-            "shares": {k: v / max(last, 1) for k, v in shares.items()},
-            "least_waiting_rank_share": least_wait / seconds}
+            "shares": {k: v / max(last, 1) for k, v in shares.items()}}
 
 
 def run_np(np: int, data: Path, work: Path, config: str | None, extra: list[str]) -> dict:
@@ -126,7 +122,6 @@ def summarise(runs: dict, sizes: list[int]) -> dict:
                     "time_vs_np1": spread(r["epoch_seconds"] / base for r in rs)["median"],
                     "allreduce_share": spread(r["shares"].get("allreduce", 0) for r in rs),
                     "data_share": spread(r["shares"].get("data", 0) for r in rs),
-                    "least_waiting_rank_share": spread(r["least_waiting_rank_share"] for r in rs),
                     "oversubscribed": n > (os.cpu_count() or 1)}
     out = {"sizes": table}
     if "pair" in runs and 2 in sizes:

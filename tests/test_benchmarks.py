@@ -45,10 +45,6 @@ def test_scaling_reads_the_trainers_own_timers(results):
     for n in ("1", "2"):
         assert s[n]["epoch_seconds"]["median"] > 0
         assert 0 <= s[n]["allreduce_share"]["median"] < 1 and 0 <= s[n]["data_share"]["median"] < 1
-        # The least-waiting rank waits no longer than the ranks' average (up to the ranks'
-        # slightly different step times, the denominators of the two shares).
-        assert 0 <= s[n]["least_waiting_rank_share"]["median"] \
-            <= 1.05 * s[n]["allreduce_share"]["median"] + 1e-3
     split = load(results, "scaling")["summary"]["np2_wait_split_per_step"]
     assert 0 <= split["least_waiting_rank_share"]["median"] <= split["allreduce_share"]["median"]
     assert (results / "scaling_time.png").read_bytes()[:4] == b"\x89PNG"
