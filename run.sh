@@ -31,7 +31,8 @@ usage: ./run.sh STEP [args...]
   score      top-K unseen items per client, Parquet (python -m hvd_ctsm.score ...)
   pipeline-spark  the whole chain as one Spark application (spark-submit spark_jobs/pipeline.py)
   elastic    elastic training on this machine (horovodrun --min-np 1 --max-np 2, see README)
-  bench      every benchmark, then benchmarks/RESULTS.md (~35 min on 2 cores; --quick, --only)
+  bench      every benchmark, then benchmarks/RESULTS.md (~1 h on 2 cores; --only; --quick
+             writes runs/bench-quick/ instead)
 EOF
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -191,7 +192,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "RESULTS.md")
     args = p.parse_args(argv)
     text = render(args.results)
+    # Plots are linked as results/NAME, right for benchmarks/RESULTS.md; elsewhere, relative.
+    where = os.path.relpath(args.results.resolve(), args.out.resolve().parent)
+    text = text.replace("](results/", f"]({where}/")
     tmp = args.out.with_suffix(".md.tmp")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text(text)
     tmp.replace(args.out)
     print(f"wrote {args.out}")

@@ -27,6 +27,7 @@ from benchmarks.common import ML100K, REPO, RESULTS, build_features  # noqa: E40
 SYNTHETIC = "synthetic:clients=1200,items=300,events=60000,seed=7"
 SYNTHETIC_QUICK = "synthetic:clients=200,items=60,events=8000,seed=7"
 ALL = ("scaling", "input", "comm", "quality", "spark", "ab")
+QUICK_OUT = REPO / "runs" / "bench-quick"
 # Trainer settings whose defaults rest on a side-by-side check: (name, np, epochs, variants).
 AB_CHECKS = [("read_ahead", 2, 3, ["data.read_ahead_steps=0", "data.read_ahead_steps=4"]),
              ("sleeping_wait_np2", 2, 1, ["dist.sleeping_wait=false", "dist.sleeping_wait=true"]),
@@ -59,9 +60,19 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", default=",".join(ALL), help=f"comma list of {ALL}")
     p.add_argument("--ml100k", type=Path, default=ML100K)
-    p.add_argument("--out", type=Path, default=RESULTS, help="results folder")
-    p.add_argument("--report", type=Path, default=REPO / "benchmarks" / "RESULTS.md")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"results folder (default {RESULTS.relative_to(REPO)}; with --quick "
+                        f"{QUICK_OUT.relative_to(REPO)}, so a smoke run never overwrites the "
+                        "measured results)")
+    p.add_argument("--report", type=Path, default=None,
+                   help="the report (default benchmarks/RESULTS.md; with --quick, RESULTS.md "
+                        "in the results folder)")
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = QUICK_OUT if args.quick else RESULTS
+    if args.report is None:
+        args.report = (args.out / "RESULTS.md" if args.quick
+                       else REPO / "benchmarks" / "RESULTS.md")
     only = set(args.only.split(","))
     unknown = only - set(ALL)
     if unknown:
