@@ -8,7 +8,11 @@ Every backend trains the same model on the same batches: each rank preloads `--b
 its own shard of the feature job's training split (so reading Parquet is not timed) and cycles
 through them. Per step it times the local compute (forward + backward) and, under Horovod, the
 wait in `optimizer.synchronize()` (what is left of the gradient allreduce once backward is done);
-DDP overlaps its allreduce with backward, so there only the whole step is comparable.
+DDP overlaps its allreduce with backward, so there only the whole step is comparable. It also
+records where the CPU went: the main thread's CPU time per phase (a spinning wait shows as CPU
+busy while waiting) and each thread's share of a core over the timed steps, from /proc (Horovod's
+background and Gloo's threads). `--backend local --shard R/N` trains on rank R's batches, for an
+independent pair that does the same work as the N-rank job.
 
 `--knobs` (JSON) sets compression, bpps, fusion_mb, cycle_ms, threads and affinity: one launch
 per setting, because Horovod 0.28's Gloo rendezvous is not safe to restart within a launch (a
