@@ -61,12 +61,9 @@ def trainer_side(scaling: Path | None) -> dict | None:
 def data_wait_by_epoch(data: Path, work: Path, config: str | None, epochs: int) -> list[float]:
     """One np=2 training run of `epochs` epochs, logged once per epoch: each epoch's data share
     (averaged over ranks by the trainer)."""
-    from hvd_ctsm.config import load_config
-    from hvd_ctsm.data import plan_epoch, split_url
+    from benchmarks.trainer_ab import steps_per_epoch
 
-    cfg = load_config(config)
-    steps = plan_epoch(split_url(data, "train"), 2,
-                       cfg.data.batch_size * cfg.dist.backward_passes_per_step).steps
+    steps = steps_per_epoch(data, config, 2)
     out = work / "trainer"
     args = trainer_args(data, out, config, [f"epochs={epochs}", f"log_every_steps={steps}"])
     run(horovodrun(2, args), work / "trainer.log")
