@@ -75,7 +75,7 @@ def _examples(config, source, used, vocabulary, n_used: int):
     roles = split.assign_roles(events, config.split, config.cutoffs)
     # ~10k events per pandas call: large enough to amortise its overhead, small in memory
     buckets = min(4096, max(16, n_used // 10_000))
-    return sequences.build_examples(roles, config.max_len, len(names), buckets)
+    return sequences.build_examples(roles, config.max_len, len(names), buckets, config.ties)
 
 
 def _split_stats(examples) -> dict:
@@ -123,6 +123,7 @@ def _metadata(config, counts, vocabulary, splits, skipped, seconds) -> dict:
             "cutoffs": list(config.cutoffs) if config.cutoffs else None,
         },
         "max_len": config.max_len,
+        "ties": config.ties,
         "vocab": vocab.vocab_sizes(vocabulary),
         "vocab_sha256": vocab.vocab_sha256(vocabulary),  # of vocab.json's bytes
         "attrs": list(vocabulary["attrs"]),
@@ -214,6 +215,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--split", choices=("time", "leave-last-out"), default="leave-last-out")
     p.add_argument("--cutoffs", help="T1,T2 (unix seconds or ISO dates) for --split time")
     p.add_argument("--max-len", type=int, default=200, help="longest history (default 200)")
+    p.add_argument(
+        "--ties",
+        choices=("strict", "input-order"),
+        default="strict",
+        help="same-timestamp events: strict (default: none is history for another) or "
+        "input-order (ordered by their position in the input; see README)",
+    )
     p.add_argument("--row-groups", type=int, default=64, help="least row groups per split")
     p.add_argument("--label-min-rating", type=float, default=4.0)
     p.add_argument("--rating-range", default="0,5", help="valid ratings LOW,HIGH (default 0,5)")
@@ -236,6 +244,7 @@ def config_from_args(args) -> FeatureConfig:
         split=args.split,
         cutoffs=tuple(args.cutoffs.split(",")) if args.cutoffs else None,
         max_len=args.max_len,
+        ties=args.ties,
         row_groups=args.row_groups,
         label_min_rating=args.label_min_rating,
         rating_range=(low, high),

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 SPLIT_KINDS = ("time", "leave-last-out")
+TIE_RULES = ("strict", "input-order")
 
 
 def parse_time(text: str | int | float) -> int:
@@ -44,6 +45,13 @@ class FeatureConfig:
     """(T1, T2) unix seconds for `split="time"`: train targets < T1 <= validation < T2 <= test."""
     max_len: int = 200
     """Longest history of one example (L)."""
+    ties: str = "strict"
+    """Events of one client with the same timestamp: `strict` (default, leakage-safe): none of
+    them is history for another, each is predicted from the state before the whole group.
+    `input-order`: they count as ordered by their position in the input, so the first is history
+    for the next (what most published results do, e.g. on MovieLens; it assumes the input order
+    is the true order, which can leak when it is not). Either way the held-out targets of a tied
+    group are chosen by input order, never by popularity."""
     row_groups: int = 64
     """Least number of Parquet row groups per split (Petastorm shards by row group)."""
     label_min_rating: float = 4.0
@@ -85,6 +93,8 @@ class FeatureConfig:
             self.cutoffs = (t1, t2)
         elif self.cutoffs is not None:
             raise ValueError("cutoffs only apply to split='time'")
+        if self.ties not in TIE_RULES:
+            raise ValueError(f"ties must be one of {TIE_RULES}, got {self.ties!r}")
         if self.max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {self.max_len}")
         if self.row_groups < 1:

@@ -54,15 +54,9 @@ def _sort_bucket(pdf: pd.DataFrame, n_attrs: int) -> dict:
     """Column arrays of a bucket of clients, sorted by client then EVENT_ORDER (as in split.py)."""
     client = pdf["client_id"].to_numpy(object)
     codes = pd.factorize(client)[0]  # clients need only be contiguous, not sorted by name
-    order = np.lexsort(
-        (
-            pdf["value"].to_numpy(),
-            pdf["event_type"].to_numpy(),
-            pdf["item"].to_numpy(),
-            pdf["timestamp"].to_numpy(),
-            codes,
-        )
-    )  # lexsort's last key is the primary one
+    # Input order breaks timestamp ties (split.EVENT_ORDER); frames built by hand have none.
+    seq = pdf["input_seq"].to_numpy() if "input_seq" in pdf else np.arange(len(pdf))
+    order = np.lexsort((seq, pdf["timestamp"].to_numpy(), codes))  # the last key is the primary one
     attrs = [pdf[f"attr{i}"].to_numpy(np.int32)[order] for i in range(n_attrs)]
     return {
         "client_id": client[order],
@@ -76,13 +70,21 @@ def _sort_bucket(pdf: pd.DataFrame, n_attrs: int) -> dict:
     }
 
 
-def _client_view(bucket: dict, start: int, end: int) -> dict:
-    """One client's slice of a sorted bucket, plus log_gap and prev."""
+def _client_view(bucket: dict, start: int, end: int, ties: str = "strict") -> dict:
+    """One client's slice of a sorted bucket, plus log_gap and prev (the position whose state
+    predicts an event).
+
+    ties="strict": prev is the last position strictly earlier in time, so events with the same
+    timestamp never see each other (leakage-safe). ties="input-order": prev is simply the
+    previous position, so a tied event that comes first in the input is history for the later
+    ones (the protocol of most published sequential-recommendation results)."""
     ev = {name: values[start:end] for name, values in bucket.items() if name != "client_id"}
     ts = ev["timestamp"]
     ev["log_gap"] = log_hours(np.diff(ts, prepend=ts[:1]))
-    # last position strictly earlier in time: tied events never point at each other
-    ev["prev"] = np.searchsorted(ts, ts, side="left") - 1
+    if ties == "input-order":
+        ev["prev"] = np.arange(len(ts)) - 1
+    else:
+        ev["prev"] = np.searchsorted(ts, ts, side="left") - 1
     return ev
 
 
@@ -137,7 +139,7 @@ def serving_row(client_id, ev: dict, max_len: int, everything: np.ndarray) -> di
     return _row(client_id, ev, max(0, end - max_len + 1), end, NO_TARGETS, everything, everything)
 
 
-def bucket_examples(pdf: pd.DataFrame, n_attrs: int, max_len: int):
+def bucket_examples(pdf: pd.DataFrame, n_attrs: int, max_len: int, ties: str = "strict"):
     """Examples of every client in a bucket (one pandas call serves many clients: the per-call
     overhead of grouped pandas UDFs is milliseconds, far more than one client's work)."""
     bucket = _sort_bucket(pdf, n_attrs)
@@ -146,11 +148,14 @@ def bucket_examples(pdf: pd.DataFrame, n_attrs: int, max_len: int):
     out = []
     for start, end in zip(bounds[:-1], bounds[1:], strict=True):
         if end > start:
-            out += examples_of_client(client[start], _client_view(bucket, start, end), max_len)
+            view = _client_view(bucket, start, end, ties)
+            out += examples_of_client(client[start], view, max_len)
     return out
 
 
-def client_examples(client_id, pdf: pd.DataFrame, max_len: int) -> list[tuple[str, dict | None]]:
+def client_examples(
+    client_id, pdf: pd.DataFrame, max_len: int, ties: str = "strict"
+) -> list[tuple[str, dict | None]]:
     """One client's examples from a frame with role names and an `attrs` list column (tests)."""
     n_attrs = len(pdf["attrs"].iloc[0]) if len(pdf) else 0
     frame = pdf.drop(columns="attrs").assign(
@@ -158,7 +163,7 @@ def client_examples(client_id, pdf: pd.DataFrame, max_len: int) -> list[tuple[st
     )
     for i in range(n_attrs):
         frame[f"attr{i}"] = [a[i] for a in pdf["attrs"]]
-    return bucket_examples(frame, n_attrs, max_len)
+    return bucket_examples(frame, n_attrs, max_len, ties)
 
 
 def output_schema() -> T.StructType:
@@ -213,7 +218,9 @@ def encode_examples(examples: list[tuple[str, dict | None]]) -> pd.DataFrame:
     return pd.DataFrame(records, columns=["split", "n_targets"] + [f.name for f in fields])
 
 
-def build_examples(events: DataFrame, max_len: int, n_attrs: int, buckets: int) -> DataFrame:
+def build_examples(
+    events: DataFrame, max_len: int, n_attrs: int, buckets: int, ties: str = "strict"
+) -> DataFrame:
     """events (client_id, item, event_type, value, timestamp, label, role, attrs) -> rows.
 
     Clients are hashed into `buckets` groups; each group is one pandas call."""
@@ -227,12 +234,13 @@ def build_examples(events: DataFrame, max_len: int, n_attrs: int, buckets: int) 
         "value",
         "timestamp",
         "label",
+        "input_seq",
         role.cast("byte").alias("role"),
         *[F.col("attrs")[i].alias(f"attr{i}") for i in range(n_attrs)],
         F.pmod(F.xxhash64("client_id"), F.lit(buckets)).alias("bucket"),
     )
 
     def per_bucket(pdf):
-        return encode_examples(bucket_examples(pdf, n_attrs, max_len))
+        return encode_examples(bucket_examples(pdf, n_attrs, max_len, ties))
 
     return data.groupBy("bucket").applyInPandas(per_bucket, output_schema())

@@ -8,8 +8,11 @@ in its client's sequence as input; the role only says what it is a target of.
 - time (T1, T2): events before T1 are training targets; the client's first event in [T1, T2) is
   its validation target and its first event at or after T2 its test target (one per client).
 
-Events are ordered by EVENT_ORDER; the same order is used when sequences are built, so "last" and
-"first" name the same event everywhere even when timestamps tie.
+Events are ordered by EVENT_ORDER: time, then the record's position in the input (`input_seq`,
+spark_jobs.sources). The same order is used when sequences are built, so "last" and "first" name
+the same event everywhere even when timestamps tie. Ties are broken by input order, never by item
+index: items are indexed by decreasing count, so an item-based tie-break would always make the
+least popular item of a tied group the held-out target.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-EVENT_ORDER = ("timestamp", "item", "event_type", "value")
+EVENT_ORDER = ("timestamp", "input_seq")
 
 
 def _order_key() -> Column:

@@ -5,7 +5,8 @@ null_client_id, null_item_id, bad_timestamp (null or unparseable), negative_time
 future_timestamp (after config.max_timestamp), unknown_event_type, bad_value (not a number),
 missing_value (a rating without a value), out_of_range_value (a rating outside rating_range, or a
 negative or non-finite value of another type), duplicate (an exact copy of a used row; one copy of
-each is used). The job reports input = used + sum(rejected by reason).
+each is used, at its first position in the input). The job reports input = used + sum(rejected by
+reason).
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ def flag_invalid(raw: DataFrame, max_timestamp: int, rating_range=(0.0, 5.0)) ->
         .when(is_rating & value.isNull(), "missing_value")
         .when(value.isNotNull() & ~in_range, "out_of_range_value")
     )
+    # The record's position in the input: the tie-break of same-timestamp events (split.py).
+    seq = F.col("input_seq") if "input_seq" in raw.columns else F.monotonically_increasing_id()
     return raw.select(
         client.alias("client_id"),
         item.alias("item_id"),
@@ -124,17 +127,20 @@ def flag_invalid(raw: DataFrame, max_timestamp: int, rating_range=(0.0, 5.0)) ->
         etype.alias("event_type"),
         F.coalesce(value, F.lit(0.0)).alias("value"),
         reason.alias("reject_reason"),
+        seq.cast("long").alias("input_seq"),
     )
 
 
 def count_copies(flagged: DataFrame) -> DataFrame:
     """One row per distinct (event, reason) with `copies` = how many input rows it stands for."""
-    return flagged.groupBy(*EVENT_COLUMNS, "reject_reason").agg(F.count(F.lit(1)).alias("copies"))
+    return flagged.groupBy(*EVENT_COLUMNS, "reject_reason").agg(
+        F.count(F.lit(1)).alias("copies"), F.min("input_seq").alias("input_seq")
+    )
 
 
 def used_events(counted: DataFrame) -> DataFrame:
     """The valid rows, one per distinct event (the extra copies are the `duplicate` rejects)."""
-    return counted.filter(F.col("reject_reason").isNull()).select(*EVENT_COLUMNS)
+    return counted.filter(F.col("reject_reason").isNull()).select(*EVENT_COLUMNS, "input_seq")
 
 
 def accounting(counted: DataFrame) -> dict:

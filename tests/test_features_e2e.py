@@ -52,7 +52,8 @@ def assert_time_safe(row):
 def check_serving_rows(out: Path, raw: pd.DataFrame) -> dict:
     """Serving rows against the raw events (client_id, item_id, timestamp, event_type, value):
     one per client, its last max_len events in the job's order (spark_jobs.split.EVENT_ORDER:
-    timestamp, item index, event type, value), no targets, every item it had to exclude."""
+    timestamp, then input order), no targets, every item it had to exclude. `raw` is in input
+    order."""
     meta = json.loads((out / "metadata.json").read_text())
     items = json.loads((out / "vocab.json").read_text())["items"]
     index = {item: i for i, item in enumerate(items)}
@@ -60,7 +61,7 @@ def check_serving_rows(out: Path, raw: pd.DataFrame) -> dict:
         client_id=raw["client_id"].astype(str),
         item=raw["item_id"].astype(str).map(index),
         event_type=raw["event_type"].map(EVENT_TYPE_INDEX),
-    ).sort_values(["client_id", "timestamp", "item", "event_type", "value"])
+    ).sort_values(["client_id", "timestamp"], kind="stable")
     rows = read_split(out / SERVING_SPLIT)
     serving = {r["client_id"]: r for r in rows}
     assert len(serving) == len(rows) == meta["splits"][SERVING_SPLIT]["rows"]  # one per client

@@ -98,8 +98,10 @@ def test_asof_attributes_never_take_a_later_value(spark):
 
 
 def _roles(spark, rows, how, cutoffs=None):
+    """Roles of rows given in input order (input_seq = position in `rows`)."""
     events = spark.createDataFrame(
-        rows, "client_id string, timestamp long, item int, event_type int, value double"
+        [(*row, seq) for seq, row in enumerate(rows)],
+        "client_id string, timestamp long, item int, event_type int, value double, input_seq long",
     )
     out = split.assign_roles(events, how, cutoffs).collect()
     return {(r["client_id"], r["timestamp"], r["item"]): r["role"] for r in out}
@@ -120,6 +122,17 @@ def test_leave_last_out_roles(spark):
         ("a", 3, 4): "test",
         ("b", 9, 1): "test",
     }
+
+
+def test_tied_targets_follow_input_order_not_popularity(spark):
+    """Items are indexed by decreasing count, so a tie-break on the item index would always hold
+    out the least popular item of a tied group. The input order decides instead."""
+    for last_in_input, first_in_input in ((4, 3), (3, 4)):
+        rows = [("a", 1, 1, 2, 4.0), ("a", 3, first_in_input, 2, 4.0),
+                ("a", 3, last_in_input, 2, 4.0)]
+        roles = _roles(spark, rows, "leave-last-out")
+        assert roles[("a", 3, last_in_input)] == "test"
+        assert roles[("a", 3, first_in_input)] == "validation"
 
 
 def test_time_split_first_event_of_each_window(spark):

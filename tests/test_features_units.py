@@ -83,6 +83,30 @@ def test_tied_timestamps_never_leak():
         assert_time_safe(r)
 
 
+def test_input_order_ties_make_the_earlier_tied_event_history():
+    ts = [0, 50, 50, 90]
+    frame = client_frame(ts, ["train"] * 3 + ["test"], items=[4, 9, 7, 2])
+    strict = dict((s, r) for s, r in client_examples("c", frame, 200) if s != "serving")
+    ordered = dict(
+        (s, r) for s, r in client_examples("c", frame, 200, ties="input-order") if s != "serving"
+    )
+    # item 7 comes after item 9 in the input at the same time: only input-order shows it 9
+    assert list(strict["train"]["target_item"]) == [9, 7]
+    assert list(strict["train"]["target_pos"]) == [0, 0]
+    assert list(ordered["train"]["target_pos"]) == [0, 1]
+    assert list(ordered["train"]["item"][: 1 + 1]) == [4, 9]
+    # the test target's history holds the whole tied group under both rules (both are earlier)
+    assert list(strict["test"]["item"]) == list(ordered["test"]["item"]) == [4, 9, 7]
+    assert_time_safe(strict["train"])
+
+
+def test_input_order_decides_the_sequence_order_of_tied_events():
+    frame = client_frame([0, 50, 50, 90], ["train"] * 3 + ["test"], items=[4, 9, 7, 2])
+    swapped = frame.iloc[[0, 2, 1, 3]].reset_index(drop=True)  # 7 before 9 in the input
+    test = dict(client_examples("c", swapped, 200, ties="input-order"))["test"]
+    assert list(test["item"]) == [4, 7, 9]
+
+
 def test_client_with_no_earlier_event_is_skipped():
     out = client_examples("c", client_frame([7, 7], ["validation", "test"]), 10)
     assert out[:2] == [("validation_skipped", None), ("test_skipped", None)]
