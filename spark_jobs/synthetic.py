@@ -5,6 +5,8 @@
 - Series popularity follows a power law; every series belongs to one category.
 - Each client has a taste (a category) that drifts: now and then it switches to another one.
 - Each client has a static `region` and a `tier` that changes over time (as-of attributes).
+- Sales (purchases, high ratings) depend on what the history can tell: items of the client's
+  taste, and the next item of a series it is in, sell far more often than others.
 
 Generation runs in Spark: partition p of spark.range(parts) builds its slice of clients with numpy
 generators seeded by (seed, p, stream), so the output depends only on the parameters, never on the
@@ -24,7 +26,7 @@ SPAN = 2 * 365 * 86_400
 KNOWN_FROM_START = None  # attribute rows with no timestamp hold from the client's first event
 TIERS = np.array(["bronze", "silver", "gold"], dtype=object)
 EVENT_TYPES = np.array(["view", "purchase", "rating"], dtype=object)
-EVENT_TYPE_P = (0.55, 0.25, 0.20)
+P_RATING = 0.2  # share of rating events; purchases depend on taste and series (_event_types)
 
 EVENTS_SCHEMA = "client_id long, item_id long, timestamp long, event_type string, value double"
 ATTRS_SCHEMA = "client_id string, timestamp long, name string, value string"
@@ -138,6 +140,16 @@ def _series_sampler(catalog: pd.DataFrame, n_categories: int):
     return sample
 
 
+def _event_types(rng, in_taste: np.ndarray, continues: np.ndarray) -> np.ndarray:
+    """Event type indices (EVENT_TYPES) that depend on what a client's history can tell: a
+    client buys (and rates highly) what is in its taste, and more so when the item continues a
+    series it is in. So p(sale) is learnable from the history, not a coin flip."""
+    p_purchase = 0.08 + 0.32 * in_taste + 0.25 * continues
+    p_rating = np.full(len(in_taste), P_RATING)
+    u = rng.random(len(in_taste))
+    return np.where(u < p_purchase, 1, np.where(u < p_purchase + p_rating, 2, 0))
+
+
 def generate_events_part(params: SyntheticParams, part: int, catalog=None) -> pd.DataFrame:
     """The events of one generator partition (pure numpy; deterministic by seed and part)."""
     catalog = item_catalog(params) if catalog is None else catalog
@@ -181,8 +193,8 @@ def generate_events_part(params: SyntheticParams, part: int, catalog=None) -> pd
     gap = (gap * scale[ev_client] // 60 * 60).astype(np.int64)
     cum = np.cumsum(gap)
     timestamp = starts[ev_client] + cum - cum[np.flatnonzero(is_first)][ev_client]
-    etype = rng.choice(3, size=n, p=EVENT_TYPE_P)
-    rating = np.clip(np.rint(rng.normal(3.4 + 0.6 * in_taste[ev_run], 1.0)), 1, 5)
+    etype = _event_types(rng, in_taste[ev_run], ev_in_run > 0)
+    rating = np.clip(np.rint(rng.normal(3.0 + 1.0 * in_taste[ev_run], 1.0)), 1, 5)
     value = np.select([etype == 1, etype == 2], [1.0, rating], 0.0)
     return pd.DataFrame(
         {
