@@ -26,7 +26,7 @@ from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import load_state
 from hvd_ctsm.data import eval_batches, read_metadata, split_url
 from hvd_ctsm.evaluate import Popularity, evaluate, model_scorer
-from hvd_ctsm.model import CTSM, ModelSizes
+from hvd_ctsm.model import CTSM
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 GATE = re.compile(r"^\s*([a-z_]+\.)?([a-z_]+(?:@\d+)?)\s*(>=|<=|>|<)\s*([0-9.eE+-]+)\s*$")
@@ -44,12 +44,7 @@ def load_model(path: str | Path) -> tuple[CTSM, dict]:
 
 def model_from_state(state: dict) -> CTSM:
     """The CTSM saved in a model.pt state (as loaded by checkpoint.load_state), in eval mode."""
-    cfg = state["config"]["model"]
-    model = CTSM(ModelSizes(**state["sizes"]), dim=cfg["dim"], layers=cfg["layers"],
-                 heads=cfg["heads"], dropout=cfg["dropout"], loss=cfg["loss"],
-                 negatives=cfg["negatives"], head_names=tuple(cfg["head_weights"]))
-    model.load_state_dict(state["model"])
-    return model.eval()
+    return CTSM.from_checkpoint(state)
 
 
 def parse_gate(text: str) -> list[tuple[str, str, str, float]]:

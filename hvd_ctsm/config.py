@@ -58,6 +58,15 @@ class ModelConfig:
     """Attention heads per block (must divide dim)."""
     dropout: float = 0.2
     """Dropout on embeddings, attention and feed-forward outputs."""
+    block: str = "gated"
+    """How each attention and feed-forward output joins the stream: 'residual' (x + y, as in
+    SASRec and most transformers) or 'gated' (a GRU-style gate, GTrXL; 12 more dim x dim
+    products per block)."""
+    ff_mult: int = 4
+    """Feed-forward width as a multiple of dim (SASRec: 1, most transformers: 4)."""
+    side_features: bool = True
+    """Feed the event type, value, time gap and client attributes besides the item and its
+    position (False: items and positions only, as SASRec)."""
     loss: str = "full"
     """Next-item loss: 'full' softmax, 'sampled' softmax or 'bce' with sampled negatives."""
     negatives: int = 100
@@ -70,6 +79,8 @@ class ModelConfig:
         _check(self.dim % self.heads == 0, f"model.dim {self.dim} not divisible by {self.heads}")
         _check(0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1), got {self.dropout}")
         _one_of("model.loss", self.loss, {"full", "sampled", "bce"})
+        _one_of("model.block", self.block, {"residual", "gated"})
+        _check(self.ff_mult >= 1, f"model.ff_mult must be >= 1, got {self.ff_mult}")
         _check(self.negatives >= 1, "model.negatives must be >= 1")
         _check("next_item" in self.head_weights, "model.head_weights needs 'next_item'")
         for name, weight in self.head_weights.items():

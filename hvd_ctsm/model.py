@@ -2,10 +2,15 @@
 
 Plain PyTorch: nothing here knows about Horovod, Spark or Petastorm.
 
-    events (item, type, value, time gap, client attributes)  -> embeddings
-    -> N x [causal self-attention -> GRU-style gate, feed-forward -> GRU-style gate]
+    events (item, position; with side features also type, value, time gap, client attributes)
+    -> embeddings
+    -> N x [causal self-attention -> merge, feed-forward -> merge]
     -> client state at every position (depends only on that position and earlier ones)
     -> heads: next item (over the shared item embeddings), p(sale) for (state, candidate item)
+
+`merge` is a plain residual sum (block="residual") or a GRU-style gate (block="gated", GTrXL).
+With block="residual", no side features, ff_mult=1 and the BCE loss with one negative, the encoder
+is the SASRec model of Kang & McAuley (2018): the in-project baseline (preset `sasrec`).
 
 A head turns the states at the target positions into a loss; a new target is a new head class in
 HEADS, with no change to the encoder.
@@ -52,17 +57,34 @@ class GRUGate(nn.Module):
         return (1 - z) * x + z * h
 
 
-class CausalBlock(nn.Module):
-    """Pre-norm causal self-attention and feed-forward, each merged through a GRU gate."""
+class Residual(nn.Module):
+    """The plain residual merge: out = x + y (a transformer's, SASRec's)."""
 
-    def __init__(self, dim: int, heads: int, dropout: float):
+    def __init__(self, dim: int):  # same signature as GRUGate; nothing to learn
+        super().__init__()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+
+MERGES = {"residual": Residual, "gated": GRUGate}
+
+
+class CausalBlock(nn.Module):
+    """Pre-norm causal self-attention and feed-forward, each merged into the stream by `block`
+    ('residual' sum or 'gated' GRU-style gate)."""
+
+    def __init__(self, dim: int, heads: int, dropout: float, block: str = "residual",
+                 ff_mult: int = 4):
         super().__init__()
         self.heads = heads
         self.norm_attn, self.norm_ff = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
-        self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-        self.gate_attn, self.gate_ff = GRUGate(dim), GRUGate(dim)
+        hidden = ff_mult * dim
+        self.ff = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        merge = MERGES[block]
+        self.gate_attn, self.gate_ff = merge(dim), merge(dim)
         self.dropout = nn.Dropout(dropout)
         self.attn_dropout = dropout
 
@@ -83,17 +105,24 @@ class CausalBlock(nn.Module):
 class TemporalEncoder(nn.Module):
     """Client state at every position from that position's event and all earlier ones."""
 
-    def __init__(self, sizes: ModelSizes, dim: int, layers: int, heads: int, dropout: float):
+    def __init__(self, sizes: ModelSizes, dim: int, layers: int, heads: int, dropout: float,
+                 block: str = "residual", ff_mult: int = 4, side_features: bool = True):
         super().__init__()
         if dim % heads:
             raise ValueError(f"model dim {dim} is not divisible by heads {heads}")
+        if block not in MERGES:
+            raise ValueError(f"unknown block {block!r}; known: {sorted(MERGES)}")
         self.item = nn.Embedding(sizes.num_items, dim, padding_idx=0)
-        self.event_type = nn.Embedding(sizes.num_event_types, dim, padding_idx=0)
         self.position = nn.Embedding(sizes.max_len, dim)
-        self.attrs = nn.ModuleList(nn.Embedding(n, dim, padding_idx=0) for n in sizes.attr_sizes)
-        # Continuous features: the event's value and the log time gap to the previous event.
-        self.numeric = nn.Sequential(nn.Linear(2, dim), nn.GELU(), nn.Linear(dim, dim))
-        self.blocks = nn.ModuleList(CausalBlock(dim, heads, dropout) for _ in range(layers))
+        self.side_features = side_features
+        if side_features:
+            self.event_type = nn.Embedding(sizes.num_event_types, dim, padding_idx=0)
+            self.attrs = nn.ModuleList(
+                nn.Embedding(n, dim, padding_idx=0) for n in sizes.attr_sizes)
+            # Continuous features: the event's value and the log time gap to the previous event.
+            self.numeric = nn.Sequential(nn.Linear(2, dim), nn.GELU(), nn.Linear(dim, dim))
+        self.blocks = nn.ModuleList(
+            CausalBlock(dim, heads, dropout, block, ff_mult) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.dropout = nn.Dropout(dropout)
         self.dim = dim
@@ -105,10 +134,11 @@ class TemporalEncoder(nn.Module):
         items = batch["item"]
         positions = torch.arange(items.shape[1], device=items.device)
         x = self.item(items) * math.sqrt(self.dim) + self.position(positions)
-        x = x + self.event_type(batch["event_type"])
-        x = x + self.numeric(torch.stack([batch["value"], batch["log_gap"]], dim=-1))
-        for i, table in enumerate(self.attrs):
-            x = x + table(batch["client_attrs"][..., i])
+        if self.side_features:
+            x = x + self.event_type(batch["event_type"])
+            x = x + self.numeric(torch.stack([batch["value"], batch["log_gap"]], dim=-1))
+            for i, table in enumerate(self.attrs):
+                x = x + table(batch["client_attrs"][..., i])
         x = self.dropout(x) * (items > 0).unsqueeze(-1)
         for block in self.blocks:
             x = block(x)
@@ -182,20 +212,41 @@ class SaleHead(nn.Module):
 HEADS = {"next_item": NextItemHead, "sale": SaleHead}
 
 
+# Architecture settings of models saved before they existed: such a model.pt is rebuilt as it was.
+LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True}
+
+
 class CTSM(nn.Module):
     """Encoder plus heads. forward() returns {head name: loss} for a batch with targets."""
 
     def __init__(self, sizes: ModelSizes, dim=64, layers=2, heads=2, dropout=0.2,
-                 loss="full", negatives=100, head_names=("next_item", "sale")):
+                 loss="full", negatives=100, head_names=("next_item", "sale"),
+                 block="residual", ff_mult=4, side_features=True):
         super().__init__()
         self.sizes = sizes
-        self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout)
+        self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
+                                       side_features)
         built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives),
                  "sale": lambda: SaleHead(self.encoder, dim)}
         unknown = set(head_names) - set(built)
         if unknown:
             raise ValueError(f"unknown heads {sorted(unknown)}; known: {sorted(built)}")
         self.heads = nn.ModuleDict({name: built[name]() for name in head_names})
+
+    @classmethod
+    def from_config(cls, sizes: ModelSizes, model: dict) -> CTSM:
+        """The model a config's `model` section describes (a dict, e.g. asdict(cfg.model))."""
+        arch = LEGACY_ARCH | {k: model[k] for k in LEGACY_ARCH if k in model}
+        return cls(sizes, dim=model["dim"], layers=model["layers"], heads=model["heads"],
+                   dropout=model["dropout"], loss=model["loss"], negatives=model["negatives"],
+                   head_names=tuple(model["head_weights"]), **arch)
+
+    @classmethod
+    def from_checkpoint(cls, state: dict) -> CTSM:
+        """The model saved in a model.pt state (checkpoint.load_state), in eval mode."""
+        model = cls.from_config(ModelSizes(**state["sizes"]), state["config"]["model"])
+        model.load_state_dict(state["model"])
+        return model.eval()
 
     def states_at(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The client state at each target's position: [num_targets, dim]."""

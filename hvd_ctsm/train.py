@@ -42,9 +42,7 @@ log = logging.getLogger("hvd_ctsm.train")
 
 
 def build_model(cfg: TrainConfig, sizes: ModelSizes) -> CTSM:
-    m = cfg.model
-    return CTSM(sizes, dim=m.dim, layers=m.layers, heads=m.heads, dropout=m.dropout, loss=m.loss,
-                negatives=m.negatives, head_names=tuple(m.head_weights))
+    return CTSM.from_config(sizes, asdict(cfg.model))
 
 
 def validate(model, cfg, meta, device) -> dict:

@@ -27,9 +27,20 @@ def model(**kwargs):
     return CTSM(SIZES, dim=16, layers=2, heads=2, dropout=0.0, **kwargs).eval()
 
 
-@pytest.mark.parametrize("field", ["item", "event_type", "value", "log_gap", "client_attrs"])
-def test_changing_a_later_event_never_changes_earlier_states(field):
-    m = model()
+ARCHS = {  # block, ff_mult, side_features: CTSM's variants and the SASRec-style baseline
+    "gated": dict(block="gated"),
+    "residual": dict(block="residual"),
+    "sasrec": dict(block="residual", ff_mult=1, side_features=False),
+}
+
+
+FIELDS = ["item", "event_type", "value", "log_gap", "client_attrs"]
+CASES = [(f, a) for a in ARCHS for f in FIELDS if a != "sasrec" or f == "item"]  # it reads items
+
+
+@pytest.mark.parametrize("field,arch", CASES)
+def test_changing_a_later_event_never_changes_earlier_states(field, arch):
+    m = model(**ARCHS[arch])
     batch, _ = make_batch()
     before = m.encoder(batch)
     changed = {k: v.clone() for k, v in batch.items()}
@@ -53,6 +64,24 @@ def test_padding_does_not_change_valid_positions():
                          for k, v in m.state_dict().items()})
     big.eval()
     assert torch.allclose(m.encoder(batch), big.encoder(padded)[:, :12], atol=1e-5)
+
+
+def test_the_baseline_ignores_side_features_and_has_no_gates():
+    m = model(**ARCHS["sasrec"])
+    batch, _ = make_batch()
+    other = dict(batch, event_type=batch["event_type"] % 2 + 1, value=batch["value"] + 1.0)
+    assert torch.equal(m.encoder(batch), m.encoder(other))
+    assert not any("gate" in name for name, _ in m.named_parameters())
+    assert len(list(model(**ARCHS["gated"]).parameters())) > len(list(m.parameters()))
+
+
+def test_from_config_rebuilds_models_saved_before_the_architecture_settings():
+    old = {"dim": 16, "layers": 1, "heads": 2, "dropout": 0.0, "loss": "full",
+           "negatives": 5, "head_weights": {"next_item": 1.0}}
+    rebuilt = CTSM.from_config(SIZES, old)
+    assert any("gate_attn.w_r" in name for name, _ in rebuilt.named_parameters())
+    plain = CTSM.from_config(SIZES, old | {"block": "residual", "side_features": False})
+    assert not any("gate" in name or "numeric" in name for name, _ in plain.named_parameters())
 
 
 @pytest.mark.parametrize("loss", ["full", "sampled", "bce"])
