@@ -159,6 +159,10 @@ class TrainConfig:
     """Validate (ranking metrics on the validation split) every this many epochs."""
     keep_checkpoints: int = 3
     """Keep the last K checkpoints, plus the best by validation NDCG@10."""
+    early_stop_evals: int = 0
+    """Stop when validation NDCG@10 (full ranking) has not improved for this many validations
+    in a row (0: train all `epochs`). Either way the saved model (model.pt) is the best one
+    validated, not the last."""
     checkpoint_every_steps: int = 0
     """Also checkpoint every N optimizer steps within an epoch (0: only at epoch ends)."""
     log_every_steps: int = 10
@@ -181,6 +185,7 @@ class TrainConfig:
         _check(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
         _check(self.eval_every_epochs >= 1, "eval_every_epochs must be >= 1")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
+        _check(self.early_stop_evals >= 0, "early_stop_evals must be >= 0")
         _check(self.checkpoint_every_steps >= 0 and self.max_steps >= 0, "must be >= 0")
         _one_of("amp", self.amp, {"auto", "bf16", "fp16", "off"})
         _check(self.commit_every_steps >= 1,

@@ -29,7 +29,7 @@ from hvd_ctsm import distributed as dist
 from hvd_ctsm import faults
 from hvd_ctsm.api import make_callable
 from hvd_ctsm.atomic import atomic_write_bytes
-from hvd_ctsm.checkpoint import CheckpointManager, save_state
+from hvd_ctsm.checkpoint import CheckpointManager, load_state, save_state
 from hvd_ctsm.config import TrainConfig, load_config, save_config, to_dict
 from hvd_ctsm.data import (EpochPlan, eval_batches, plan_epoch, prefetch, read_metadata, split_url,
                            train_batches)
@@ -251,16 +251,39 @@ def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) 
                 log_validation(run.writer, metrics, step, out, history[-1])
         save_checkpoint(run, checkpoints, {"epoch": epoch + 1, "batch": 0, "step": step,
                                            "best": best}, is_best)
+        if no_longer_improving(cfg, best, epoch + 1):
+            log.info("early stop after epoch %d: no better validation since epoch %d",
+                     epoch + 1, best["epoch"])
+            break
     bar.close()
     checksums = dist.allgather_object(parameter_checksum(run.model))
     summary = {"steps": step, "ranks": dist.size(), "effective_batch": run.effective_batch,
                "steps_per_epoch": run.plan.steps, "best": best,
                "validation": history[-1] if history else None, "parameter_checksums": checksums}
     if root:
+        summary["model_epoch"] = keep_best_weights(run.model, checkpoints, best)
         save_final_model(out, run.model, cfg, run.meta, summary)
         run.writer.close()
         log.info("done after %d steps; ranks in sync: %s", step, len(set(checksums)) == 1)
     return summary
+
+
+def no_longer_improving(cfg: TrainConfig, best: dict, epoch: int) -> bool:
+    """early_stop_evals validations in a row without a better NDCG@10 (same on every rank:
+    validation metrics are combined over ranks)."""
+    if not cfg.early_stop_evals or "epoch" not in best or epoch >= cfg.epochs:
+        return False
+    return epoch - best["epoch"] >= cfg.early_stop_evals * cfg.eval_every_epochs
+
+
+def keep_best_weights(model, checkpoints: CheckpointManager, best: dict) -> int | None:
+    """Load the best validated weights (checkpoints/best.pt) into `model`, so that model.pt is
+    the best model, not the last; returns its epoch (None: never validated, the last is kept)."""
+    path = checkpoints.folder / "best.pt"
+    if "epoch" not in best or not path.exists():
+        return None
+    model.load_state_dict(load_state(path)["model"])
+    return best["epoch"]
 
 
 def read_ahead_now(run: Run, epoch: int, done: int, step: int, stop_at: int) -> bool:
