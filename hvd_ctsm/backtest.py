@@ -76,23 +76,35 @@ def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) ->
     return {"passed": all(c["passed"] for c in checks), "checks": checks}
 
 
-def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0) -> dict:
-    t0 = time.perf_counter()
-    meta = read_metadata(data)
+def evaluate_model(data: str, meta: dict, model_path: str, split: str, seed: int):
+    """One saved model's EvalResult on a split of `data` (whose vocabulary it must share)."""
     model, state = load_model(model_path)
     if state.get("vocab_sha256") != meta.get("vocab_sha256", ""):
         raise ValueError(f"{model_path} was trained on another vocabulary than {data}")
+    batches = eval_batches(split_url(data, split), 0, 1, 256, int(meta["max_len"]))
+    return evaluate(batches, model_scorer(model, torch.device("cpu")),
+                    int(meta["vocab"]["items"]), seed=seed)
+
+
+def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
+                 baseline: str | None = None) -> dict:
+    """The model against popularity (and, given `baseline`, another trained model such as the
+    SASRec-style `--config sasrec` run) on the same targets and sampled negatives."""
+    t0 = time.perf_counter()
+    meta = read_metadata(data)
+    ours = evaluate_model(data, meta, model_path, split, seed)
     num_items, max_len = int(meta["vocab"]["items"]), int(meta["max_len"])
     url = split_url(data, split)
-    ours = evaluate(eval_batches(url, 0, 1, 256, max_len), model_scorer(model, torch.device("cpu")),
-                    num_items, seed=seed)
-    popularity = Popularity.fit(eval_batches(split_url(data, "train"), 0, 1, 256, max_len),
-                                num_items)
-    baseline = evaluate(eval_batches(url, 0, 1, 256, max_len), popularity.scorer(), num_items,
-                        seed=seed)
+    counts = Popularity.fit(eval_batches(split_url(data, "train"), 0, 1, 256, max_len), num_items)
+    popularity = evaluate(eval_batches(url, 0, 1, 256, max_len), counts.scorer(), num_items,
+                          seed=seed)
+    others = {}
+    if baseline:
+        others = {"baseline": evaluate_model(data, meta, baseline, split, seed).summary(),
+                  "baseline_path": str(model_file(baseline))}
     return {"split": split, "data": str(data), "model_path": str(model_file(model_path)),
             "model_sha256": hashlib.sha256(model_file(model_path).read_bytes()).hexdigest(),
-            "model": ours.summary(), "popularity": baseline.summary(),
+            "model": ours.summary(), "popularity": popularity.summary(), **others,
             "protocol": {"full": "all items, the client's earlier items removed",
                          "sampled": "target + 100 uniformly sampled items the client never had"},
             "seconds": round(time.perf_counter() - t0, 2)}
@@ -101,7 +113,9 @@ def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0)
 def print_table(report: dict) -> None:
     print(f"{'':14}{'NDCG@10':>10}{'HR@10':>10}{'MRR':>10}  (full) |{'NDCG@10':>10}{'HR@10':>10}"
           "  (sampled 100) |      AUC")
-    for name in ("model", "popularity"):
+    for name in ("model", "baseline", "popularity"):
+        if name not in report:
+            continue
         m = report[name]
         sale = m.get("sale", {}).get("auc", float("nan"))
         print(f"{name:<14}{m['full']['ndcg@10']:>10.4f}{m['full']['hr@10']:>10.4f}"
@@ -119,9 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--champion", help="report of the deployed model: do not be worse than it")
     p.add_argument("--tolerance", type=float, default=0.005, help="allowed NDCG@10 drop")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled negatives")
+    p.add_argument("--baseline", help="another run (e.g. trained with --config sasrec) to "
+                                      "report beside the model on the same targets")
     args = p.parse_args(argv)
     rules = parse_gate(args.gate)  # a malformed gate fails before the slow part
-    report = run_backtest(args.data, args.model, args.split, args.seed)
+    report = run_backtest(args.data, args.model, args.split, args.seed, args.baseline)
     champion = json.loads(Path(args.champion).read_text()) if args.champion else None
     report["gate"] = apply_gate(report["model"], rules, champion, args.tolerance) \
         if (rules or champion) else {"passed": None, "checks": []}
