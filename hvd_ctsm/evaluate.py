@@ -41,8 +41,10 @@ class EvalResult:
         n = len(self.full.as_vector())
         out = {"full": self.full.means_from_vector(vector[:n]),
                "sampled": self.sampled.means_from_vector(vector[n:])}
-        labels = np.concatenate(self.labels) if labels is None else labels
-        probs = np.concatenate(self.probs) if probs is None else probs
+        if labels is None:  # a model without a sale head (the SASRec baseline) has none
+            labels = np.concatenate(self.labels) if self.labels else np.zeros(0)
+        if probs is None:
+            probs = np.concatenate(self.probs) if self.probs else np.zeros(0)
         if len(probs):
             out["sale"] = {"auc": auc(labels, probs), "log_loss": log_loss(labels, probs),
                            "positive_rate": float(np.mean(labels)), "targets": int(len(labels))}

@@ -52,3 +52,14 @@ def test_sample_negatives_excludes_and_is_distinct():
     assert len(set(negs)) == 16 and not set(negs) & {0, 1, 2, 3}
     with pytest.raises(ValueError, match="only 16 items"):
         sample_negatives(rng, 20, np.array([1, 2, 3]), 17)
+
+
+def test_a_model_without_a_sale_head_gets_ranking_metrics_and_no_auc():
+    from hvd_ctsm.evaluate import EvalResult
+
+    result = EvalResult()
+    result.full.add_ranks(np.array([0]))  # the target first
+    result.sampled.add_ranks(np.array([1]))  # the target second
+    summary = result.summary()
+    assert summary["full"]["hr@10"] == 1.0 and summary["sampled"]["mrr"] == 0.5
+    assert "sale" not in summary
