@@ -1,0 +1,125 @@
+"""Model search: train named trainer settings on a dataset, one after another, and keep a table.
+
+    python benchmarks/model_search.py --data FEATURES --tag ml-io --trial NAME=OVERRIDES ...
+    python benchmarks/model_search.py --table           # results/model_search.md from the log
+
+A trial is a name and trainer overrides separated by spaces (`gated=model.block=gated epochs=40`),
+optionally run on several ranks (`--ranks 2`) and seeds (`--seeds 0,1,2`). Every trial appends one
+JSON line per (trial, seed) to results/model_search.jsonl: the validation curve (NDCG@10 per
+validated epoch), the best validation epoch and metrics, wall time per epoch, and the test metrics
+of the saved model (the best validated one). Settings are chosen on the validation columns only;
+the test columns are what a chosen setting then reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import RESULTS, horovodrun, machine, run  # noqa: E402
+
+LOG = RESULTS / "model_search.jsonl"
+TABLE = RESULTS / "model_search.md"
+
+
+def validation_curve(out: Path) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: int,
+              seed: int) -> dict:
+    from hvd_ctsm.backtest import run_backtest
+
+    out = work / f"{name}-s{seed}"
+    args = ["-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out), "--overwrite",
+            "progress=false", "keep_checkpoints=1", f"seed={seed}", *overrides]
+    seconds = run(horovodrun(ranks, args), work / f"{name}-s{seed}.log", timeout=7200)
+    summary = json.loads((out / "train_summary.json").read_text())
+    curve = validation_curve(out)
+    best = max(curve, key=lambda r: r["full"]["ndcg@10"])
+    report = run_backtest(str(data), str(out / "model.pt"), split="test", seed=0)
+    epochs = curve[-1]["epoch"]
+    return {
+        "trial": name, "seed": seed, "ranks": ranks, "overrides": overrides,
+        "data": data.name, "epochs_run": epochs, "seconds": round(seconds, 1),
+        "seconds_per_epoch": round(seconds / max(epochs, 1), 2),
+        "best_epoch": best["epoch"], "model_epoch": summary.get("model_epoch"),
+        "val": {"ndcg@10": best["full"]["ndcg@10"], "hr@10": best["full"]["hr@10"],
+                "sampled_ndcg@10": best["sampled"]["ndcg@10"],
+                "sale_auc": best.get("sale", {}).get("auc")},
+        "val_curve": [(r["epoch"], round(r["full"]["ndcg@10"], 4),
+                       round(r["sampled"]["ndcg@10"], 4)) for r in curve],
+        "test": {"ndcg@10": report["model"]["full"]["ndcg@10"],
+                 "hr@10": report["model"]["full"]["hr@10"],
+                 "sampled_ndcg@10": report["model"]["sampled"]["ndcg@10"],
+                 "sampled_hr@10": report["model"]["sampled"]["hr@10"],
+                 "sale_auc": report["model"].get("sale", {}).get("auc"),
+                 "popularity_ndcg@10": report["popularity"]["full"]["ndcg@10"],
+                 "popularity_sampled_ndcg@10": report["popularity"]["sampled"]["ndcg@10"],
+                 "popularity_sale_auc": report["popularity"].get("sale", {}).get("auc")},
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def render(records: list[dict]) -> str:
+    head = ("| data | trial | ranks | seed | epochs (best) | s/epoch | val NDCG@10 | val sampled | "
+            "test NDCG@10 | test HR@10 | test sampled NDCG@10 | sale AUC (pop.) | overrides |")
+    lines = [
+        "# Model search: every trial, in the order run",
+        "",
+        f"Machine: {machine().get('cpu', '?')}, {machine().get('cores', '?')} cores, shared "
+        "with other work while these ran (seconds are indicative only). Settings are chosen on "
+        "the validation columns; the test columns are reported, never used to choose.",
+        "",
+        head,
+        "|" + "---|" * (head.count("|") - 1),
+    ]
+    for r in records:
+        t, v = r["test"], r["val"]
+        sale = "" if t["sale_auc"] is None else (
+            f"{t['sale_auc']:.3f} ({t['popularity_sale_auc']:.3f})")
+        lines.append(
+            f"| {r['data']} | {r['trial']} | {r['ranks']} | {r['seed']} | {r['epochs_run']} "
+            f"({r['best_epoch']}) | {r['seconds_per_epoch']} | {v['ndcg@10']:.4f} | "
+            f"{v['sampled_ndcg@10']:.4f} | {t['ndcg@10']:.4f} | {t['hr@10']:.4f} | "
+            f"{t['sampled_ndcg@10']:.4f} | {sale} | `{' '.join(r['overrides'])}` |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_trial(text: str) -> tuple[str, list[str]]:
+    name, _, overrides = text.partition("=")
+    return name, shlex.split(overrides)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, help="feature job output folder")
+    p.add_argument("--trial", action="append", default=[], help="NAME=OVERRIDES (repeatable)")
+    p.add_argument("--ranks", type=int, default=1)
+    p.add_argument("--seeds", default="0")
+    p.add_argument("--work", type=Path, default=Path("runs/model-search"))
+    p.add_argument("--table", action="store_true", help="only render the table from the log")
+    args = p.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for text in args.trial:
+        name, overrides = parse_trial(text)
+        for seed in (int(s) for s in args.seeds.split(",")):
+            record = run_trial(args.data, args.work, name, overrides, args.ranks, seed)
+            with open(LOG, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            print(json.dumps({k: record[k] for k in ("trial", "seed", "val", "test")}), flush=True)
+    records = [json.loads(line) for line in LOG.read_text().splitlines()] if LOG.exists() else []
+    TABLE.write_text(render(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
