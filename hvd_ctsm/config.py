@@ -31,7 +31,7 @@ def _one_of(name: str, value, allowed) -> None:
 class DataConfig:
     path: str = ""
     """Folder written by the feature job (train/, validation/, test/, metadata.json)."""
-    batch_size: int = 128
+    batch_size: int = 64
     """Rows (client windows) per rank per micro-step."""
     prefetch_batches: int = 2
     """Batches read and collated ahead in a background thread (0: read inline)."""
@@ -58,7 +58,7 @@ class ModelConfig:
     """Attention heads per block (must divide dim)."""
     dropout: float = 0.2
     """Dropout on embeddings, attention and feed-forward outputs."""
-    block: str = "gated"
+    block: str = "residual"
     """How each attention and feed-forward output joins the stream: 'residual' (x + y, as in
     SASRec and most transformers) or 'gated' (a GRU-style gate, GTrXL; 12 more dim x dim
     products per block)."""
@@ -90,14 +90,14 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3
+    lr: float = 2e-3
     """Learning rate for an effective batch of `base_batch_size` rows."""
-    base_batch_size: int = 128
+    base_batch_size: int = 64
     """The effective batch `lr` was tuned for; the scaling rule starts from it."""
     lr_scaling: str = "linear"
     """How lr grows with the effective batch: 'linear', 'sqrt' or 'none'. Linear with warm-up
     kept NDCG@10 within seeds' noise at 2x and 4x the batch; sqrt lost 0.03-0.06 (benchmarks)."""
-    warmup_steps: int = 100
+    warmup_steps: int = 50
     """Linear warm-up from lr (unscaled) to the scaled lr over this many optimizer steps."""
     decay: str = "cosine"
     """After warm-up: 'cosine' to min_lr_ratio * lr by the last step, or 'none'."""
@@ -151,15 +151,15 @@ class DistConfig:
 class TrainConfig:
     out: str = "runs/train"
     """Run folder: checkpoints/, tensorboard/, config.yaml, metrics.jsonl, model.pt."""
-    epochs: int = 20
-    """Passes over the training split."""
+    epochs: int = 60
+    """Passes over the training split (at most: see early_stop_evals)."""
     seed: int = 0
     """Seeds parameters (rank 0's are broadcast), sampling and the data order."""
-    eval_every_epochs: int = 1
+    eval_every_epochs: int = 2
     """Validate (ranking metrics on the validation split) every this many epochs."""
     keep_checkpoints: int = 3
     """Keep the last K checkpoints, plus the best by validation NDCG@10."""
-    early_stop_evals: int = 0
+    early_stop_evals: int = 5
     """Stop when validation NDCG@10 (full ranking) has not improved for this many validations
     in a row (0: train all `epochs`). Either way the saved model (model.pt) is the best one
     validated, not the last."""

@@ -16,8 +16,10 @@ import torch
 from hvd_ctsm.checkpoint import load_state
 
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
+# Small and quick; validate every epoch and never stop early (tests count validations).
 SMALL = ["data.batch_size=16", "model.dim=32", "model.layers=1", "model.dropout=0.1",
-         "optim.lr=0.005", "optim.warmup_steps=5", "log_every_steps=2", "progress=false"]
+         "optim.lr=0.005", "optim.warmup_steps=5", "log_every_steps=2", "progress=false",
+         "eval_every_epochs=1", "early_stop_evals=0"]
 
 
 def trainer_cmd(data, out, *extra, np_: int = 1, launcher: list[str] | None = None) -> list[str]:
