@@ -23,7 +23,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, horovodrun, machine, run  # noqa: E402
+from benchmarks.common import RESULTS, horovodrun, machine, run, spread  # noqa: E402
 
 LOG = RESULTS / "model_search.jsonl"
 TABLE = RESULTS / "model_search.md"
@@ -66,6 +66,7 @@ def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: in
                  "popularity_sampled_ndcg@10": report["popularity"]["sampled"]["ndcg@10"],
                  "popularity_sale_auc": report["popularity"].get("sale", {}).get("auc")},
         "when": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{machine().get('cpu', '?')}, {machine().get('cores', '?')} cores",
     }
 
 
@@ -75,13 +76,13 @@ def render(records: list[dict]) -> str:
     lines = [
         "# Model search: every trial, in the order run",
         "",
-        f"Machine: {machine().get('cpu', '?')}, {machine().get('cores', '?')} cores, shared "
-        "with other work while these ran (seconds are indicative only). Settings are chosen on "
+        f"Machines: {'; '.join(sorted({r.get('machine', '?') for r in records}))}, shared with "
+        "other work while these ran (seconds are indicative only). Settings are chosen on "
         "the validation columns; the test columns are reported, never used to choose.",
-        "",
-        head,
-        "|" + "---|" * (head.count("|") - 1),
     ]
+    lines += ["", "## Summary over seeds (test split of the saved, best validated model)", "",
+              *summary_rows(records), "", "## Every trial", "", head,
+              "|" + "---|" * (head.count("|") - 1)]
     for r in records:
         t, v = r["test"], r["val"]
         sale = "" if t["sale_auc"] is None else (
@@ -92,6 +93,28 @@ def render(records: list[dict]) -> str:
             f"{v['sampled_ndcg@10']:.4f} | {t['ndcg@10']:.4f} | {t['hr@10']:.4f} | "
             f"{t['sampled_ndcg@10']:.4f} | {sale} | `{' '.join(r['overrides'])}` |")
     return "\n".join(lines) + "\n"
+
+
+def summary_rows(records: list[dict]) -> list[str]:
+    """One row per (data, trial, ranks): test metrics as the median and [min-max] over seeds,
+    and the training wall time, so a comparison says whether it exceeds the seeds' spread."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["data"], r["trial"], r["ranks"]), []).append(r)
+
+    def cell(rs, key):
+        s = spread(r["test"][key] for r in rs)
+        return f"{s['median']:.4f} [{s['min']:.4f}-{s['max']:.4f}]"
+
+    lines = ["| data | trial | ranks | seeds | test NDCG@10 | test sampled NDCG@10 | "
+             "popularity NDCG@10 / sampled | train minutes |", "|---|---|---|---|---|---|---|---|"]
+    for (data, trial, ranks), rs in groups.items():
+        pop = rs[0]["test"]
+        minutes = spread(r["seconds"] / 60 for r in rs)["median"]
+        lines.append(f"| {data} | {trial} | {ranks} | {len(rs)} | {cell(rs, 'ndcg@10')} | "
+                     f"{cell(rs, 'sampled_ndcg@10')} | {pop['popularity_ndcg@10']:.4f} / "
+                     f"{pop['popularity_sampled_ndcg@10']:.4f} | {minutes:.1f} |")
+    return lines
 
 
 def parse_trial(text: str) -> tuple[str, list[str]]:
