@@ -1,26 +1,31 @@
 """Typed training configuration: dataclasses, YAML presets and `section.field=value` overrides.
 
-    cfg = load_config("hvd_ctsm/presets/ml100k.yaml", ["optim.lr=0.002", "epochs=30"])
+    cfg = load_config("ml100k", ["optim.lr=1e-3", "epochs=30"])   # a preset name or a YAML path
+    cfg, args = config_from_argv(["--data", DIR, "--config", "ml100k", "optim.lr=1e-3"])
 
-Every field has a docstring; __post_init__ validates, so a bad value stops the run before any
-worker starts. The resolved config is saved beside each run (config.yaml).
+Defaults are the dataclasses below; a preset (hvd_ctsm/presets/NAME.yaml, shipped in the wheel)
+overrides some of them and `section.field=value` overrides win over both. Every value is converted
+to its field's declared type (hvd_ctsm.config_types), so `optim.lr=1e-3` is a float and
+`epochs=3.7` is refused, naming the field, the value and the type; __post_init__ then checks
+ranges. Either way a bad value stops the run before any worker starts. The resolved config is
+saved beside each run (config.yaml).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import typing
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import yaml
 
-PRESETS = Path(__file__).parent / "presets"
+from hvd_ctsm.config_types import ConfigError, build, check
 
 
 def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(f"config: {message}")
+    check(condition, message)
 
 
 def _one_of(name: str, value, allowed) -> None:
@@ -197,28 +202,12 @@ def to_dict(cfg) -> dict:
 
 
 def from_dict(cls, values: dict):
-    """Build a (nested) config dataclass, refusing unknown keys by name."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(values) - names
-    _check(not unknown,
-           f"unknown keys {sorted(unknown)} for {cls.__name__}; known: {sorted(names)}")
-    kwargs = {}
-    for key, value in values.items():
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            _check(isinstance(value, dict), f"{key} must be a mapping")
-            value = from_dict(hint, value)
-        kwargs[key] = value
-    return cls(**kwargs)
-
-
-def _coerce(text: str):
-    """Override values are YAML scalars: 0.001, true, null, [a, b], {next_item: 1}."""
-    return yaml.safe_load(text)
+    """Build a (nested) config dataclass, each value converted to its field's declared type."""
+    return build(cls, values)
 
 
 def apply_overrides(values: dict, overrides: list[str]) -> dict:
+    """Put each `section.field=value` into `values` as text; build() converts it by type."""
     for item in overrides:
         _check("=" in item, f"override {item!r} must look like section.field=value")
         dotted, raw = item.split("=", 1)
@@ -227,26 +216,76 @@ def apply_overrides(values: dict, overrides: list[str]) -> dict:
         for part in parents:
             node = node.setdefault(part, {})
             _check(isinstance(node, dict), f"{dotted}: {part} is not a section")
-        node[leaf] = _coerce(raw)
+        node[leaf] = raw.strip()
+    return values
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("hvd_ctsm").joinpath("presets").iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def read_preset(path: str) -> dict:
+    """A YAML file, else a preset shipped with the package (importlib.resources: works from
+    a checkout, an installed wheel or a zip)."""
+    if Path(path).is_file():
+        text = Path(path).read_text()
+    else:
+        preset = resources.files("hvd_ctsm").joinpath("presets", f"{path}.yaml")
+        _check(preset.is_file(), f"config file {path} not found (presets: {preset_names()})")
+        text = preset.read_text()
+    values = yaml.safe_load(text) or {}
+    _check(isinstance(values, dict), f"{path} must hold a mapping of section: field: value")
     return values
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Defaults <- YAML preset (a path or a preset name) <- overrides."""
-    values: dict = {}
-    if path:
-        preset = Path(path)
-        if not preset.exists() and (PRESETS / f"{path}.yaml").exists():
-            preset = PRESETS / f"{path}.yaml"
-        _check(preset.exists(), f"config file {path} not found (presets: "
-               f"{sorted(p.stem for p in PRESETS.glob('*.yaml'))})")
-        values = yaml.safe_load(preset.read_text()) or {}
-    values = apply_overrides(values, overrides or [])
-    try:
-        return from_dict(TrainConfig, values)
-    except TypeError as exc:  # a wrong type deep inside, e.g. a list where a number belongs
-        raise ValueError(f"config: {exc}") from exc
+    values = read_preset(path) if path else {}
+    return from_dict(TrainConfig, apply_overrides(values, overrides or []))
 
 
 def save_config(cfg: TrainConfig, path: Path) -> None:
     path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def config_yaml(cfg: TrainConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def train_arg_parser(prog: str = "hvd-ctsm train") -> argparse.ArgumentParser:
+    """The trainer's options, shared by every route (horovodrun, elastic, Spark, the CLI)."""
+    p = argparse.ArgumentParser(prog=prog, description="Train a CTSM on one rank or many.")
+    p.add_argument("overrides", nargs="*", help="section.field=value, e.g. optim.lr=0.002")
+    p.add_argument("--config", help=f"YAML file or preset name ({', '.join(preset_names())})")
+    p.add_argument("--data", help="feature job output folder (data.path)")
+    p.add_argument("--out", help="run folder")
+    p.add_argument("--epochs", help="passes over the training split (epochs)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--init-from", help="warm-start from a model.pt (vocabulary may have grown)")
+    p.add_argument("--overwrite", action="store_true", help="start afresh in an existing --out")
+    p.add_argument("--elastic", action="store_true",
+                   help="train under hvd.elastic.run (launch with horovodrun --min-np/--max-np "
+                        "--host-discovery-script); see hvd_ctsm/elastic.py")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (YAML) and exit; starts nothing")
+    return p
+
+
+def config_from_argv(argv: list[str], prog: str = "hvd-ctsm train"
+                     ) -> tuple[TrainConfig, argparse.Namespace]:
+    """argv -> (the resolved TrainConfig, the parsed options). The one place every route turns
+    a command line into a config; raises ConfigError (a ValueError) on any bad value."""
+    args = train_arg_parser(prog).parse_intermixed_args(list(argv))
+    overrides = list(args.overrides)
+    for flag, key in ((args.data, "data.path"), (args.out, "out"), (args.epochs, "epochs")):
+        if flag is not None:
+            overrides.append(f"{key}={flag}")
+    cfg = load_config(args.config, overrides)
+    if not args.print_config and not cfg.data.path:
+        raise ConfigError("--data DIR is required (a folder written by the feature job)")
+    return cfg, args
+
+
+__all__ = ["ConfigError", "DataConfig", "DistConfig", "ModelConfig", "OptimConfig", "TrainConfig",
+           "config_from_argv", "config_yaml", "load_config", "save_config", "to_dict"]

@@ -4,7 +4,7 @@
     summary = train_on_spark(["--data", DIR, "--out", RUN, "--config", "ml100k"], num_proc=2)
 
 Each of the `num_proc` Spark tasks starts one Horovod rank (Gloo) that runs
-`hvd_ctsm.train.main(argv)`, exactly what `horovodrun -np N python -m hvd_ctsm.train ARGV` runs: the
+`hvd_ctsm.launch.main(argv)`, what `horovodrun -np N python -m hvd_ctsm.train ARGV` runs: the
 same sharded Petastorm reading, the same allreduce, rank 0 alone writing the run folder. The
 run folder and the dataset must be on a filesystem that every executor and the driver see (local
 mode, or a shared mount such as /dbfs on Databricks).
@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from hvd_ctsm.config import load_config
+from hvd_ctsm.config import ConfigError, config_from_argv
 from hvd_ctsm.data import read_metadata, shard_rows, split_url
 
 
@@ -27,27 +27,19 @@ class SparkTrainingError(RuntimeError):
 def _train_rank(argv: list[str], env: dict[str, str]) -> dict:
     """Runs in every Horovod rank (a process started by a Spark task)."""
     os.environ.update(env)
-    from hvd_ctsm import train
+    from hvd_ctsm import launch
 
-    code = train.main(list(argv))
+    code = launch.main(list(argv))
     return {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "exit_code": code}
 
 
 def resolved_config(argv: list[str]):
-    """The TrainConfig the ranks will build from argv (checked here, before any task starts).
-
-    Mirrors the option handling of hvd_ctsm.train.main, which the ranks run unchanged."""
-    from hvd_ctsm.train import parse_args
-
-    args = parse_args(list(argv))
-    overrides = list(args.overrides)
-    for flag, key in ((args.data, "data.path"), (args.out, "out"), (args.epochs, "epochs")):
-        if flag is not None:
-            overrides.append(f"{key}={flag}")
-    cfg = load_config(args.config, overrides)
-    if not cfg.data.path:
-        raise SparkTrainingError("--data DIR is required (a folder written by the feature job)")
-    return cfg
+    """The TrainConfig the ranks will build from argv (checked here, before any task starts):
+    the same config_from_argv that hvd_ctsm.launch.main runs in every rank."""
+    try:
+        return config_from_argv(list(argv))[0]
+    except ConfigError as exc:
+        raise SparkTrainingError(str(exc)) from exc
 
 
 def check_dataset(data: str, num_proc: int) -> None:
@@ -71,7 +63,7 @@ def train_on_spark(argv: list[str], num_proc: int = 2, spark=None,
     cfg = resolved_config(argv)
     check_dataset(cfg.data.path, num_proc)
     if spark is None:
-        from spark_jobs.session import get_spark
+        from hvd_ctsm.spark_session import get_spark
 
         spark = get_spark(master=f"local[{num_proc}]", app_name="hvd_ctsm-train")
     slots = spark.sparkContext.defaultParallelism

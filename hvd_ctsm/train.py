@@ -1,4 +1,4 @@
-"""Train a CTSM on one rank or many:
+"""Train a CTSM on one rank or many (the program, its options and routes: hvd_ctsm.launch):
 
     python -m hvd_ctsm.train --data DIR --out RUN                      # one rank
     horovodrun -np 8 python -m hvd_ctsm.train --data DIR --out RUN     # eight ranks
@@ -10,13 +10,9 @@ Horovod (hvd_ctsm.distributed); rank 0 alone writes checkpoints, TensorBoard and
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
-import os
-import shutil
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -27,10 +23,9 @@ import torch
 
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import faults
-from hvd_ctsm.api import make_callable
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import CheckpointManager, load_state, save_state
-from hvd_ctsm.config import TrainConfig, load_config, save_config, to_dict
+from hvd_ctsm.config import TrainConfig, save_config, to_dict
 from hvd_ctsm.data import (EpochPlan, eval_batches, plan_epoch, prefetch, read_metadata, split_url,
                            train_batches)
 from hvd_ctsm.evaluate import evaluate, model_scorer
@@ -342,75 +337,7 @@ def log_validation(writer, metrics: dict, step: int, out: Path, record: dict) ->
              metrics["sampled"]["ndcg@10"], metrics["sampled"]["hr@10"])
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(prog="hvd_ctsm.train", description=__doc__.splitlines()[0])
-    p.add_argument("overrides", nargs="*", help="section.field=value, e.g. optim.lr=0.002")
-    p.add_argument("--config", help="YAML file or preset name (hvd_ctsm/presets)")
-    p.add_argument("--data", help="feature job output folder (data.path)")
-    p.add_argument("--out", help="run folder")
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    p.add_argument("--init-from", help="warm-start from a model.pt (vocabulary may have grown)")
-    p.add_argument("--overwrite", action="store_true", help="start afresh in an existing --out")
-    p.add_argument("--elastic", action="store_true",
-                   help="train under hvd.elastic.run (launch with horovodrun --min-np/--max-np "
-                        "--host-discovery-script); see hvd_ctsm/elastic.py")
-    return p.parse_intermixed_args(argv)
+if __name__ == "__main__":  # `python -m hvd_ctsm.train`: the program lives in hvd_ctsm.launch
+    from hvd_ctsm.launch import cli
 
-
-def check_out_folder(out: Path, resume: bool, overwrite: bool) -> None:
-    """A new run never mixes its checkpoints and logs with an earlier run's."""
-    if resume or not out.exists() or not any(out.iterdir()):
-        return
-    if not overwrite:
-        raise SystemExit(f"error: {out} already holds a run: pass --resume to continue it or "
-                         "--overwrite to start afresh")
-    if int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))) == 0:
-        shutil.rmtree(out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    overrides = list(args.overrides)
-    for flag, key in ((args.data, "data.path"), (args.out, "out"), (args.epochs, "epochs")):
-        if flag is not None:
-            overrides.append(f"{key}={flag}")
-    try:
-        cfg = load_config(args.config, overrides)
-    except ValueError as exc:  # stops here, before any worker starts Horovod
-        raise SystemExit(f"error: {exc}") from exc
-    if not cfg.data.path:
-        raise SystemExit("error: --data DIR is required (a folder written by the feature job)")
-    # An elastic job starts workers later too (replacements, rejoins): only the first rank 0
-    # checks the run folder; the others join whatever run it holds.
-    if not args.elastic or os.environ.get("HOROVOD_RANK", "0") == "0":
-        check_out_folder(Path(cfg.out), args.resume, args.overwrite)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    watcher = faults.start_stall_watcher(Path(cfg.out))
-    try:
-        if args.elastic:
-            from hvd_ctsm import elastic_loop
-
-            if args.resume:
-                raise SystemExit("error: --elastic keeps its state in memory; --resume is for "
-                                 "restarting a non-elastic run from its checkpoints")
-            elastic_loop.run(cfg, init_from=args.init_from)
-        else:
-            train(cfg, resume=args.resume, init_from=args.init_from)
-        dist.shutdown()
-    finally:
-        if watcher:
-            watcher.close()
-    return 0
-
-
-# `from hvd_ctsm import train` is also the notebook function (hvd_ctsm.api.train).
-make_callable(__name__)
-
-
-def cli() -> None:
-    sys.exit(main())
-
-
-if __name__ == "__main__":
     cli()

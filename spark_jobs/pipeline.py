@@ -62,9 +62,13 @@ class PipelineConfig:
             raise ValueError(f"row_groups {self.row_groups} < num_proc {self.num_proc}: some "
                              "ranks would get no rows")
         from hvd_ctsm.backtest import parse_gate
+        from hvd_ctsm.config import config_from_argv
 
         if not parse_gate(self.gate):
             raise ValueError("gate must name at least one rule, e.g. 'ndcg@10>=0.05'")
+        # The trainer's config, typed, before the feature step runs (a ConfigError is a
+        # ValueError); the data folder is the pipeline's own, so a stand-in is enough here.
+        config_from_argv(["--data", "features", "--config", self.config, *self.train_args])
 
 
 class StepFailed(RuntimeError):

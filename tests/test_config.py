@@ -2,7 +2,8 @@
 
 import pytest
 
-from hvd_ctsm.config import load_config
+from hvd_ctsm.config import (ConfigError, TrainConfig, config_from_argv, from_dict, load_config,
+                             preset_names)
 
 
 def test_preset_and_overrides():
@@ -29,3 +30,87 @@ def test_bad_values_stop_with_a_clear_error(override, message):
 def test_missing_config_file_names_the_presets():
     with pytest.raises(ValueError, match="presets"):
         load_config("no-such-preset")
+
+
+def test_override_values_get_their_fields_declared_types():
+    """YAML 1.1 reads `1e-3` as a string; the field says float, so it is one."""
+    cfg = load_config("default", ["optim.lr=1e-3", "dist.fusion_threshold_mb=null",
+                                  "dist.cycle_time_ms=5", "dist.sleeping_wait=true",
+                                  "model.head_weights={next_item: 1, sale: 0.5}"])
+    assert cfg.optim.lr == 0.001 and type(cfg.optim.lr) is float
+    assert cfg.dist.fusion_threshold_mb is None
+    assert cfg.dist.cycle_time_ms == 5.0 and type(cfg.dist.cycle_time_ms) is float
+    assert cfg.dist.sleeping_wait is True
+    assert cfg.model.head_weights == {"next_item": 1.0, "sale": 0.5}
+    assert all(type(w) is float for w in cfg.model.head_weights.values())
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("epochs=3.7", "epochs=3.7 has the wrong type: expected int"),
+    ("data.batch_size=2.5", "data.batch_size=2.5 has the wrong type: expected int"),
+    ("model.layers=true", "model.layers=true has the wrong type: expected int"),
+    ("epochs=abc", "epochs=abc has the wrong type: expected int"),
+    ("optim.lr=fast", "optim.lr=fast has the wrong type: expected float"),
+    ("optim.lr=nan", "optim.lr=nan has the wrong type: expected a finite float"),
+    ("model.side_features=2", "model.side_features=2 has the wrong type: expected bool"),
+    ("model.head_weights=3", "model.head_weights=3 has the wrong type: expected a mapping"),
+    ("model.head_weights={next_item: x}", "model.head_weights[next_item]=x has the wrong type"),
+    ("model=3", "model=3 has the wrong type: expected a mapping of ModelConfig fields"),
+])
+def test_values_the_type_cannot_hold_are_refused_naming_field_value_and_type(override, expected):
+    with pytest.raises(ConfigError) as refused:
+        load_config("default", [override])
+    assert str(refused.value).startswith(f"config: {expected}")
+
+
+def test_a_preset_value_of_the_wrong_type_is_refused_too(tmp_path):
+    preset = tmp_path / "bad.yaml"
+    preset.write_text("epochs: 2.5\noptim:\n  lr: 1e-3\n")
+    with pytest.raises(ConfigError, match=r"epochs=2.5 has the wrong type: expected int"):
+        load_config(str(preset))
+    preset.write_text("epochs: 2\noptim:\n  lr: 1e-3\n")
+    assert load_config(str(preset)).optim.lr == 0.001
+
+
+def test_presets_are_overrides_of_the_dataclass_defaults():
+    assert load_config(None) == TrainConfig()
+    default = load_config("default")
+    assert default.epochs == 10 and TrainConfig().epochs == 20
+    assert default.dist == TrainConfig().dist  # what the preset leaves out keeps its default
+    assert set(preset_names()) >= {"default", "ml100k", "sasrec"}
+
+
+def test_config_from_argv_turns_flags_and_overrides_into_one_config():
+    cfg, args = config_from_argv(["--data", "/d", "--out", "/r", "--epochs", "3", "--config",
+                                  "ml100k", "optim.lr=1e-3", "--resume"])
+    assert (cfg.data.path, cfg.out, cfg.epochs, cfg.optim.lr) == ("/d", "/r", 3, 0.001)
+    assert cfg.data.batch_size == 32 and args.resume and not args.print_config
+    with pytest.raises(ConfigError, match="--data DIR is required"):
+        config_from_argv(["--out", "/r"])
+    with pytest.raises(ConfigError, match="epochs=2.5 has the wrong type"):
+        config_from_argv(["--data", "/d", "--epochs", "2.5"])
+
+
+def test_the_spark_pipeline_refuses_a_bad_trainer_value_before_any_step(tmp_path, capsys):
+    from spark_jobs import pipeline
+
+    code = pipeline.main(["--source", "synthetic:clients=10", "--work", str(tmp_path / "work"),
+                          "--registry", str(tmp_path / "registry"), "epochs=3.7"])
+    assert code == pipeline.EXIT_BAD_ARGS
+    assert "epochs=3.7 has the wrong type: expected int" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists()  # no Spark, no feature step, no worker
+
+
+def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path, capsys):
+    import yaml
+
+    from hvd_ctsm import launch
+
+    out = tmp_path / "run"
+    assert launch.main(["--config", "ml100k", "--out", str(out), "optim.lr=1e-3",
+                        "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["optim"]["lr"] == 0.001 and printed["data"]["batch_size"] == 32
+    assert load_config("ml100k", ["optim.lr=1e-3", f"out={out}"]) == \
+        from_dict(TrainConfig, printed)  # what it prints is the config a run would use
+    assert not out.exists()
