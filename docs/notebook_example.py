@@ -14,7 +14,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from hvd_ctsm import backtest, build_features, score, train
+from hvd_ctsm.api import backtest_model, make_features, score_clients, train_model
 
 if __name__ == "__main__":  # as a script: parse the options a notebook would hard-code
     parser = argparse.ArgumentParser(description="the notebook API on synthetic data")
@@ -26,29 +26,30 @@ else:  # run by a test or %run with WORK (and maybe spark) already set
     WORK, NUM_PROC = Path(globals().get("WORK", tempfile.mkdtemp())), globals().get("NUM_PROC", 2)
 
 if globals().get("spark") is None:
-    from spark_jobs.session import get_spark
+    from hvd_ctsm.spark_session import get_spark
 
     spark = get_spark(master=f"local[{NUM_PROC}]", app_name="hvd_ctsm-notebook")
 
 # %% 1. Features: events -> time-safe sequences (Petastorm), in this SparkSession
-meta = build_features(spark, "synthetic:clients=160,items=60,events=6000,seed=3",
-                      str(WORK / "features"), max_len=40, row_groups=8, overwrite=True)
+meta = make_features(spark, "synthetic:clients=160,items=60,events=6000,seed=3",
+                     str(WORK / "features"), max_len=40, row_groups=8, overwrite=True)
 print("examples per split:", {k: v["rows"] for k, v in meta["splits"].items()})
 
 # %% 2. Train: one Horovod rank per Spark task (Gloo), the same trainer as under horovodrun
-summary = train(spark, WORK / "features", WORK / "run", num_proc=NUM_PROC, epochs=1,
-                overrides=["data.batch_size=16", "model.dim=16", "model.layers=1",
-                           "progress=false", "dist.threads_per_rank=1"])
+summary = train_model(spark, WORK / "features", WORK / "run", num_proc=NUM_PROC, epochs=1,
+                      overrides=["data.batch_size=16", "model.dim=16", "model.layers=1",
+                                 "progress=false", "dist.threads_per_rank=1"])
 print("steps:", summary["steps"], "ranks:", summary["ranks"])
 
 # %% 3. Backtest on held-out time, against popularity, with a gate
-report = backtest(WORK / "features", WORK / "run", gate="sampled.hr@10>=0.05",
-                  report=WORK / "backtest.json")
+report = backtest_model(WORK / "features", WORK / "run", gate="sampled.hr@10>=0.05",
+                        report=WORK / "backtest.json")
 print("NDCG@10 full:", round(report["model"]["full"]["ndcg@10"], 4),
       "popularity:", round(report["popularity"]["full"]["ndcg@10"], 4),
       "gate passed:", report["gate"]["passed"])
 
 # %% 4. Batch scoring on the executors: top-10 unseen items per client (Parquet)
-scored = score(spark, WORK / "features", WORK / "run", WORK / "scores", k=10, overwrite=True)
+scored = score_clients(spark, WORK / "features", WORK / "run", WORK / "scores", k=10,
+                       overwrite=True)
 print(json.dumps(scored))
 spark.read.parquet(str(WORK / "scores")).orderBy("client_id", "rank").show(5)

@@ -1,37 +1,21 @@
 """The notebook API: the pipeline's steps as functions that take an existing SparkSession.
 
-    from hvd_ctsm import build_features, train, backtest, score
+    from hvd_ctsm.api import backtest_model, make_features, score_clients, train_model
 
-    meta = build_features(spark, "synthetic:clients=1000,events=50000", "/dbfs/ctsm/features")
-    summary = train(spark, "/dbfs/ctsm/features", "/dbfs/ctsm/run", num_proc=4, epochs=5)
-    report = backtest("/dbfs/ctsm/features", "/dbfs/ctsm/run", gate="ndcg@10>=0.05")
-    scores = score(spark, "/dbfs/ctsm/features", "/dbfs/ctsm/run", "/dbfs/ctsm/scores", k=10)
+    meta = make_features(spark, "synthetic:clients=1000,events=50000", "/dbfs/ctsm/features")
+    summary = train_model(spark, "/dbfs/ctsm/features", "/dbfs/ctsm/run", num_proc=4, epochs=5)
+    report = backtest_model("/dbfs/ctsm/features", "/dbfs/ctsm/run", gate="ndcg@10>=0.05")
+    scores = score_clients(spark, "/dbfs/ctsm/features", "/dbfs/ctsm/run", "/dbfs/ctsm/scores")
 
-`train`, `backtest` and `score` are also the names of modules of this package (`python -m
-hvd_ctsm.train`, ...): those modules are made callable (calling one calls the function here), so
-`hvd_ctsm.train.main` and `hvd_ctsm.train(spark, ...)` both work whichever was imported first.
-This module imports nothing heavy at import time: spark_jobs imports the package without torch.
+The names are the notebook's own: no module of the package is called make_features, train_model,
+backtest_model or score_clients. This is the top layer (it may import anything, nothing imports
+it); it imports nothing heavy until a function runs, so torch, Spark and Horovod load on use.
 """
 
 from __future__ import annotations
 
-import sys
-import types
 
-
-class _CallableModule(types.ModuleType):
-    """A module whose call runs the notebook function of the same name in this module."""
-
-    def __call__(self, *args, **kwargs):
-        return getattr(sys.modules[__name__], self.__name__.rsplit(".", 1)[1])(*args, **kwargs)
-
-
-def make_callable(module_name: str) -> None:
-    """Let `from hvd_ctsm import NAME; NAME(...)` call the notebook function NAME."""
-    sys.modules[module_name].__class__ = _CallableModule
-
-
-def build_features(spark, source: str, out: str, **options) -> dict:
+def make_features(spark, source: str, out: str, **options) -> dict:
     """The Spark feature job in `spark`; options are FeatureConfig fields (split, max_len,
     row_groups, previous_vocab, overwrite, ...). Returns the dataset's metadata."""
     from spark_jobs.build_features import build_features as run
@@ -40,7 +24,7 @@ def build_features(spark, source: str, out: str, **options) -> dict:
     return run(spark, FeatureConfig(source=source, out=str(out), **options))
 
 
-def train(spark, data: str, out: str, num_proc: int = 2, config: str = "default",
+def train_model(spark, data: str, out: str, num_proc: int = 2, config: str = "default",
           epochs: int | None = None, overrides: list[str] | tuple = (),
           init_from: str | None = None, overwrite: bool = True) -> dict:
     """Train with horovod.spark on `num_proc` tasks of `spark`; returns train_summary.json.
@@ -61,7 +45,7 @@ def train(spark, data: str, out: str, num_proc: int = 2, config: str = "default"
     return train_on_spark(argv, num_proc=num_proc, spark=spark)
 
 
-def backtest(data: str, model: str, gate: str = "", report: str | None = None,
+def backtest_model(data: str, model: str, gate: str = "", report: str | None = None,
              split: str = "test") -> dict:
     """Offline evaluation against popularity, with the gate applied when one is given
     (report['gate']['passed']); written to `report` (JSON) when a path is given."""
@@ -80,7 +64,8 @@ def backtest(data: str, model: str, gate: str = "", report: str | None = None,
     return result
 
 
-def score(spark, data: str, model: str, out: str, k: int = 10, overwrite: bool = False) -> dict:
+def score_clients(spark, data: str, model: str, out: str, k: int = 10,
+                  overwrite: bool = False) -> dict:
     """Top-K unseen items per client as Parquet: on the cluster with a SparkSession (a folder),
     in this process with spark=None (one file). `model`: registry, run folder or model.pt."""
     if spark is None:

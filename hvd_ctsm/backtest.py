@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from hvd_ctsm.api import make_callable
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import load_state
 from hvd_ctsm.data import eval_batches, read_metadata, split_url
@@ -150,8 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if report["gate"]["passed"] is False else 0
 
 
-# `from hvd_ctsm import backtest` is also the notebook function (hvd_ctsm.api.backtest).
-make_callable(__name__)
 
 
 def cli() -> None:

@@ -157,7 +157,7 @@ def check_spark() -> Check:
     if java is None:
         return Check("java + spark", False, "java not found", cause="Spark needs Java 17",
                      fix="apt-get install openjdk-17-jre-headless (./run.sh setup does)")
-    from spark_jobs.session import get_spark
+    from hvd_ctsm.spark_session import get_spark
 
     spark = get_spark(master="local[2]", app_name="hvd_ctsm-doctor")
     count = spark.range(1000).selectExpr("sum(id) as s").first()["s"]
@@ -175,7 +175,7 @@ def check_petastorm() -> Check:
     from petastorm.unischema import Unischema, UnischemaField, dict_to_spark_row
     from pyspark.sql.types import IntegerType
 
-    from spark_jobs.session import get_spark
+    from hvd_ctsm.spark_session import get_spark
 
     schema = Unischema("DoctorRow", [
         UnischemaField("id", np.int32, (), ScalarCodec(IntegerType()), False),

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len", type=int, default=20, help="history length fed to the model")
     p.add_argument("--master", default=None, help="Spark master (default local[NUM_PROC])")
     args = p.parse_args(argv)
-    from spark_jobs.session import get_spark
+    from hvd_ctsm.spark_session import get_spark
 
     spark = get_spark(master=args.master or f"local[{args.num_proc}]", app_name="hvd_ctsm-est")
     _, predictions = fit_and_predict(spark, args.data, args.store, args.num_proc, args.epochs,

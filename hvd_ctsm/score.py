@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hvd_ctsm.api import make_callable
 from hvd_ctsm.schema import SERVING_SPLIT
 
 SCORE_COLUMNS = ("client_id", "rank", "item_id", "item", "score", "p_sale")
@@ -214,8 +213,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# `from hvd_ctsm import score` is also the notebook function (hvd_ctsm.api.score).
-make_callable(__name__)
 
 
 def cli() -> None:

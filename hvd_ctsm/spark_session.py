@@ -1,4 +1,5 @@
-"""A SparkSession with settings that suit the feature job on one machine or a cluster."""
+"""A SparkSession with settings that suit the feature job, training on Spark and scoring, on one
+machine or a cluster."""
 
 from __future__ import annotations
 

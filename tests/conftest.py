@@ -26,7 +26,7 @@ def ml100k() -> Path:
 @pytest.fixture(scope="session")
 def spark():
     """One real local Spark session (local[2]) shared by every test that needs it."""
-    from spark_jobs.session import get_spark
+    from hvd_ctsm.spark_session import get_spark
 
     session = get_spark(master="local[2]", app_name="hvd_ctsm-tests")
     yield session

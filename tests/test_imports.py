@@ -1,0 +1,127 @@
+"""The package's layering, read from the source: no import cycle among our modules, Horovod
+imported by one module, spark_jobs built on hvd_ctsm and never the other way below the top.
+
+Every import counts, those inside function bodies too (a lazy import is still a dependency),
+except under `if __name__ == "__main__":`, which runs only when the file is the program.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGES = ("hvd_ctsm", "spark_jobs")
+TOP_LAYER = {"hvd_ctsm.api", "hvd_ctsm.cli"}  # may import anything; nothing imports them
+HOROVOD_HOME = "hvd_ctsm.distributed"  # the module (or package) that alone imports horovod
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def our_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def _is_main_guard(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(test, ast.Compare)
+            and isinstance(test.left, ast.Name) and test.left.id == "__name__")
+
+
+def imported_names(tree: ast.AST) -> set[str]:
+    """Dotted names imported anywhere in `tree` but under a __main__ guard; `from a import b`
+    gives `a.b` (b may be a module) besides `a`."""
+    names: set[str] = set()
+    for node in ast.iter_child_nodes(tree):
+        if _is_main_guard(node):
+            continue
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        names |= imported_names(node)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> our modules it imports (`from hvd_ctsm import distributed`: the package and
+    hvd_ctsm.distributed; `from hvd_ctsm.config import load_config`: hvd_ctsm.config)."""
+    modules = our_modules()
+    return {name: {m for m in imported_names(ast.parse(path.read_text(), str(path)))
+                   if m in modules} - {name}
+            for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None (depth-first search, three colours)."""
+    state: dict[str, int] = {}  # 1 on the current path, 2 finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[node] = 2
+        path.pop()
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle_and_reads_function_body_imports():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    tree = ast.parse("def f():\n    from hvd_ctsm.score import x\n"
+                     "if __name__ == '__main__':\n    import hvd_ctsm.api\n")
+    assert "hvd_ctsm.score" in imported_names(tree) and "hvd_ctsm.api" not in imported_names(tree)
+
+
+def test_no_import_cycle_among_our_modules():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_horovod_is_imported_only_by_the_distribution_module():
+    offenders = []
+    for folder in ("hvd_ctsm", "spark_jobs", "benchmarks"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            name = module_name(path)
+            if name == HOROVOD_HOME or name.startswith(HOROVOD_HOME + "."):
+                continue
+            tree = ast.parse(path.read_text(), str(path))
+            if any(n == "horovod" or n.startswith("horovod.") for n in imported_names(tree)):
+                offenders.append(name)
+    assert offenders == [], f"import horovod only in {HOROVOD_HOME}, not in {offenders}"
+
+
+def test_lower_layers_never_import_upward():
+    """spark_jobs builds on hvd_ctsm; in hvd_ctsm only the top layer (the notebook API and the
+    CLI) reaches into spark_jobs, and no module imports the top layer."""
+    graph = import_graph()
+    upward = sorted(f"{name} -> {target}" for name, targets in graph.items()
+                    for target in targets
+                    if target in TOP_LAYER
+                    or (name.startswith("hvd_ctsm") and name not in TOP_LAYER
+                        and target.startswith("spark_jobs")))
+    assert upward == []
+
+
+def test_importing_the_package_and_its_config_loads_no_torch_spark_or_horovod():
+    code = ("import sys, hvd_ctsm, hvd_ctsm.config, hvd_ctsm.schema, hvd_ctsm.atomic; "
+            "print(sorted(m for m in ('torch', 'pyspark', 'horovod') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
