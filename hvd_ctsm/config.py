@@ -221,8 +221,9 @@ def apply_overrides(values: dict, overrides: list[str]) -> dict:
 
 
 def preset_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("hvd_ctsm").joinpath("presets").iterdir()
-                  if p.name.endswith(".yaml"))
+    folder = resources.files("hvd_ctsm").joinpath("presets")
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml")) \
+        if folder.is_dir() else []
 
 
 def read_preset(path: str) -> dict:

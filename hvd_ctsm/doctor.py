@@ -3,7 +3,8 @@
     python -m hvd_ctsm.doctor [--json] [--skip-slow]
 
 Exit code 1 when any check fails. HVD_CTSM_CONSTRAINTS points at another constraints file (the
-pins are read from constraints.txt beside the package by default).
+pins are read from constraints.txt beside the package by default; an installed wheel has none,
+and then the versions are checked against the package's own declared requirements).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def check_python() -> Check:
 
 def check_pins() -> Check:
     path = constraints_path()
+    if not path.is_file() and "HVD_CTSM_CONSTRAINTS" not in os.environ:
+        return check_requirements()  # an installed wheel: the pins stay with the checkout
     pins = read_pins(path)
     wrong = []
     for name, want in sorted(pins.items()):
@@ -92,6 +95,31 @@ def check_pins() -> Check:
     fix = "; ".join(f for f in fixes if f) or "./run.sh setup installs the pins"
     return Check("package pins", False, detail, cause=f"installed versions differ from {path}",
                  fix=fix)
+
+
+def check_requirements() -> Check:
+    """Installed versions against the ranges the installed hvd_ctsm declares."""
+    from packaging.requirements import Requirement
+
+    try:
+        declared = [Requirement(r) for r in metadata.requires("hvd_ctsm") or []]
+    except metadata.PackageNotFoundError:
+        return Check("package versions", False, "no constraints.txt and hvd_ctsm not installed",
+                     fix="run from the checkout (./run.sh doctor) or pip install the wheel")
+    wrong = []
+    for req in declared:
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # an optional extra's requirement
+        have = installed_version(req.name)
+        if have is None or not req.specifier.contains(have, prereleases=True):
+            wrong.append((req, have))
+    if not wrong:
+        return Check("package versions", True,
+                     f"{len(declared)} requirements of the installed hvd_ctsm are met")
+    detail = ", ".join(f"{r.name} {have or 'missing'} (needs {r.specifier or 'any'})"
+                       for r, have in wrong)
+    return Check("package versions", False, detail, cause="installed versions outside the "
+                 "ranges hvd_ctsm declares", fix="pip install the versions named")
 
 
 def check_dependency_conflicts() -> Check:

@@ -1,0 +1,71 @@
+"""One command for every step: `hvd-ctsm STEP [options]` (the wheel's console script).
+
+    hvd-ctsm features --source synthetic:clients=1200 --out runs/features
+    horovodrun -np 2 hvd-ctsm train --data runs/features --out runs/model --config default
+    hvd-ctsm train --config ml100k optim.lr=1e-3 --print-config
+    hvd-ctsm backtest --data runs/features --model runs/model --report runs/backtest.json
+
+Each step is its module's own `main(argv)`, imported only when that step runs (a `hvd-ctsm
+gate` loads no torch). `hvd-ctsm STEP --help` shows the step's options.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+# step -> (module whose main(argv) runs it, one line of help)
+STEPS = {
+    "features": ("spark_jobs.build_features", "the Spark feature job: events -> Petastorm dataset"),
+    "train": ("hvd_ctsm.launch", "train on this rank (run it under horovodrun for several)"),
+    "backtest": ("hvd_ctsm.backtest", "offline evaluation against popularity, with a gate"),
+    "gate": ("hvd_ctsm.gate", "apply a deploy gate to a backtest report (exit 1 refuses)"),
+    "deploy": ("hvd_ctsm.deploy", "copy a gated model into the registry"),
+    "score": ("hvd_ctsm.score", "top-K unseen items per client, Parquet"),
+    "pipeline": ("spark_jobs.pipeline", "features -> train on Spark -> backtest -> gate -> deploy"),
+    "doctor": ("hvd_ctsm.doctor", "check the installed stack, one line per check"),
+}
+# Not part of the package: run from a checkout's root, as its own program.
+BENCH = ("benchmarks/run_all.py", "every benchmark, then benchmarks/RESULTS.md (in a checkout)")
+
+
+def usage() -> str:
+    width = max(map(len, STEPS))
+    lines = [f"  {name:<{width}}  {text}" for name, (_, text) in {**STEPS, "bench": BENCH}.items()]
+    return "usage: hvd-ctsm STEP [options]   (hvd-ctsm STEP --help for a step's options)\n\n" \
+        + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    step, rest = argv[0], argv[1:]
+    if step == "bench":
+        return bench(rest)
+    if step not in STEPS:
+        print(f"hvd-ctsm: unknown step {step!r}; one of: {', '.join([*STEPS, 'bench'])}\n\n"
+              f"{usage()}", file=sys.stderr)
+        return 2
+    return importlib.import_module(STEPS[step][0]).main(rest) or 0
+
+
+def bench(argv: list[str]) -> int:
+    """The benchmarks need a checkout (their results live in it): run them from its root."""
+    script = Path(BENCH[0])
+    if not script.is_file():
+        print(f"hvd-ctsm bench: no {script} here: run it from the root of a checkout (the "
+              "benchmarks are not part of the wheel)", file=sys.stderr)
+        return 2
+    return subprocess.run([sys.executable, str(script), *argv], check=False).returncode
+
+
+def cli() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()
