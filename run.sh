@@ -21,7 +21,7 @@ usage: ./run.sh STEP [args...]
   setup      install the pinned stack into .venv (idempotent; Horovod wheel cached)
   doctor     check the stack: versions, Horovod build, a real 2-rank allreduce, Spark, Petastorm
   demo       the whole chain on synthetic data, on CPU: features -> train (NP ranks) -> backtest -> gate -> deploy -> score
-  test       the test suite (what CI runs)
+  test       the test suite (what CI runs); --fast: the unit tier only (about a minute)
   lint       ruff, isort and hadolint (the Dockerfiles)
   features   the Spark feature job         (python -m spark_jobs.build_features ...)
   train      the trainer under horovodrun  (NP=2 ./run.sh train --data DIR ...)

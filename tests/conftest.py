@@ -1,4 +1,12 @@
-"""Shared fixtures: the real MovieLens 100K folder and one local Spark session per test run."""
+"""Shared fixtures (the real MovieLens 100K folder, one local Spark session per test run) and
+the test tiers.
+
+Tiers are markers: `spark` (a local Spark session), `horovod` (real horovodrun workers), `slow`
+(seconds to minutes: subprocesses, wheels, Docker) and `unit`, which this file gives every test
+that has none of them and uses no Spark or dataset fixture: pure Python and torch in this process,
+seconds in all. `pytest --fast` (`./run.sh test --fast`) runs the unit tier only; plain `pytest`
+runs every tier, as CI does.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,28 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+HEAVY_MARKERS = {"spark", "horovod", "slow"}
+HEAVY_FIXTURES = {"spark", "tiny_features", "ml100k"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="run the unit tier only (no Spark, Horovod or slow tests)")
+
+
+def is_unit(item) -> bool:
+    return not (HEAVY_MARKERS & {m.name for m in item.iter_markers()}
+                or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_unit(item):
+            item.add_marker(pytest.mark.unit)
+    if config.getoption("--fast"):
+        skipped = [item for item in items if not is_unit(item)]
+        items[:] = [item for item in items if is_unit(item)]
+        config.hook.pytest_deselected(items=skipped)
 
 
 def ml100k_dir() -> Path:

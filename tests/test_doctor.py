@@ -22,6 +22,7 @@ def test_every_check_passes_here():
             "allreduce (mpi, 2 ranks)", "java + spark", "petastorm round trip"} <= names
 
 
+@pytest.mark.slow  # doctor's fast checks still start pip check and horovodrun --check-build
 def test_a_bad_pin_fails_with_the_fix(tmp_path, monkeypatch, capsys):
     bad = tmp_path / "constraints.txt"
     bad.write_text("pyarrow==15.0.0\nnumpy==1.26.4\n")
