@@ -73,18 +73,18 @@ def test_a_preset_value_of_the_wrong_type_is_refused_too(tmp_path):
 
 
 def test_presets_are_overrides_of_the_dataclass_defaults():
-    assert load_config(None) == TrainConfig()
-    default = load_config("default")
-    assert default.epochs == 10 and TrainConfig().epochs == 20
-    assert default.dist == TrainConfig().dist  # what the preset leaves out keeps its default
+    assert load_config(None) == TrainConfig() == load_config("default")  # it overrides nothing
+    sasrec = load_config("sasrec")
+    assert sasrec.epochs == 200 != TrainConfig().epochs and sasrec.model.dim == 50
+    assert sasrec.dist == TrainConfig().dist  # what the preset leaves out keeps its default
     assert set(preset_names()) >= {"default", "ml100k", "sasrec"}
 
 
 def test_config_from_argv_turns_flags_and_overrides_into_one_config():
     cfg, args = config_from_argv(["--data", "/d", "--out", "/r", "--epochs", "3", "--config",
-                                  "ml100k", "optim.lr=1e-3", "--resume"])
+                                  "sasrec", "optim.lr=1e-3", "--resume"])
     assert (cfg.data.path, cfg.out, cfg.epochs, cfg.optim.lr) == ("/d", "/r", 3, 0.001)
-    assert cfg.data.batch_size == 32 and args.resume and not args.print_config
+    assert cfg.data.batch_size == 128 and args.resume and not args.print_config
     with pytest.raises(ConfigError, match="--data DIR is required"):
         config_from_argv(["--out", "/r"])
     with pytest.raises(ConfigError, match="epochs=2.5 has the wrong type"):
@@ -107,10 +107,10 @@ def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path, ca
     from hvd_ctsm import launch
 
     out = tmp_path / "run"
-    assert launch.main(["--config", "ml100k", "--out", str(out), "optim.lr=1e-3",
+    assert launch.main(["--config", "sasrec", "--out", str(out), "optim.lr=1e-3",
                         "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["optim"]["lr"] == 0.001 and printed["data"]["batch_size"] == 32
-    assert load_config("ml100k", ["optim.lr=1e-3", f"out={out}"]) == \
+    assert printed["optim"]["lr"] == 0.001 and printed["data"]["batch_size"] == 128
+    assert load_config("sasrec", ["optim.lr=1e-3", f"out={out}"]) == \
         from_dict(TrainConfig, printed)  # what it prints is the config a run would use
     assert not out.exists()

@@ -58,21 +58,22 @@ def installed(tmp_path_factory) -> Path:
 
 def test_the_wheel_ships_the_presets_and_loads_them_outside_the_checkout(installed, tmp_path):
     code = ("import hvd_ctsm, hvd_ctsm.config as c; cfg = c.load_config('default', ['epochs=1']);"
-            " print(hvd_ctsm.__file__); print(c.preset_names()); print(cfg.epochs, cfg.optim.lr)")
+            " print(hvd_ctsm.__file__); print(c.preset_names()); print(cfg.epochs, "
+            "c.load_config('sasrec').model.dim)")
     proc = run([installed / "python", "-c", code], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     where, presets, values = proc.stdout.splitlines()
     assert where.startswith(str(installed.parent)) and not where.startswith(str(REPO))
     assert {"default", "ml100k", "sasrec"} <= set(eval(presets))
-    assert values == "1 0.001"
+    assert values == "1 50"  # sasrec.yaml read from the wheel
 
 
 def test_the_console_scripts_run_from_the_wheel(installed, tmp_path):
     helped = run([installed / "hvd-ctsm", "train", "--help"], cwd=tmp_path)
     assert helped.returncode == 0 and "--print-config" in helped.stdout, helped.stderr[-2000:]
-    printed = run([installed / "hvd-ctsm", "train", "--config", "ml100k", "--print-config"],
+    printed = run([installed / "hvd-ctsm", "train", "--config", "sasrec", "--print-config"],
                   cwd=tmp_path)
-    assert printed.returncode == 0 and "batch_size: 32" in printed.stdout, printed.stderr
+    assert printed.returncode == 0 and "batch_size: 128" in printed.stdout, printed.stderr
     refused = run([installed / "hvd-ctsm-train", "--data", tmp_path, "epochs=3.7"], cwd=tmp_path)
     assert refused.returncode != 0 and "epochs=3.7 has the wrong type" in refused.stderr
 
