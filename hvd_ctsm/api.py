@@ -25,8 +25,8 @@ def make_features(spark, source: str, out: str, **options) -> dict:
 
 
 def train_model(spark, data: str, out: str, num_proc: int = 2, config: str = "default",
-          epochs: int | None = None, overrides: list[str] | tuple = (),
-          init_from: str | None = None, overwrite: bool = True) -> dict:
+                epochs: int | None = None, overrides: list[str] | tuple = (),
+                init_from: str | None = None, overwrite: bool = True) -> dict:
     """Train with horovod.spark on `num_proc` tasks of `spark`; returns train_summary.json.
 
     overrides: trainer settings as 'section.field=value' (e.g. 'model.dim=32');
@@ -46,7 +46,7 @@ def train_model(spark, data: str, out: str, num_proc: int = 2, config: str = "de
 
 
 def backtest_model(data: str, model: str, gate: str = "", report: str | None = None,
-             split: str = "test") -> dict:
+                   split: str = "test") -> dict:
     """Offline evaluation against popularity, with the gate applied when one is given
     (report['gate']['passed']); written to `report` (JSON) when a path is given."""
     import json

@@ -125,3 +125,13 @@ def test_importing_the_package_and_its_config_loads_no_torch_spark_or_horovod():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_notebook_functions_have_names_no_module_uses():
+    """No module is swapped for a function of its name: the notebook API has its own names."""
+    from hvd_ctsm import api
+
+    names = {"make_features", "train_model", "backtest_model", "score_clients"}
+    assert all(callable(getattr(api, name)) for name in names)
+    assert not names & {module.rpartition(".")[2] for module in our_modules()}
+    assert not [path for path in our_modules().values() if "make_callable" in path.read_text()]
