@@ -2,6 +2,7 @@
 # hvd_ctsm: one entry point for every step. `./run.sh help` lists them.
 #
 # Knobs (environment): NP (Horovod ranks, default 2), CONFIG (trainer YAML preset),
+# BACKEND=torch (train with torchrun + DDP instead of horovodrun; TORCHRUN_ARGS, MAX_RESTARTS),
 # VENV (default .venv), WORK (where demo writes, default runs/demo), DATA (the demo's events
 # source), EPOCHS (the demo's epochs, default 6), GATE (the demo's deploy gate).
 # Extra arguments are passed on to the step's program.
@@ -25,6 +26,7 @@ usage: ./run.sh STEP [args...]
   lint       ruff, isort and hadolint (the Dockerfiles)
   features   the Spark feature job         (python -m spark_jobs.build_features ...)
   train      the trainer under horovodrun  (NP=2 ./run.sh train --data DIR ...)
+             BACKEND=torch: under torchrun instead (DDP; MAX_RESTARTS=1 restarts from checkpoints)
   backtest   offline evaluation + gate     (python -m hvd_ctsm.backtest ...)
   gate       apply a deploy gate to a backtest report (python -m hvd_ctsm.gate ...)
   deploy     copy a gated model into the registry (python -m hvd_ctsm.deploy ...)
@@ -59,6 +61,15 @@ py() { "$VENV/bin/python" "$@"; }
 hvdrun() {
     # shellcheck disable=SC2086
     "$VENV/bin/horovodrun" -np "$NP" --gloo ${HOROVODRUN_ARGS:-} "$@"
+}
+
+# The torch backend's launcher: NP workers on this host (--standalone picks a free port), restarted
+# MAX_RESTARTS times from the latest checkpoint when one fails. On several hosts, TORCHRUN_ARGS
+# replaces --standalone (e.g. "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:29400").
+torchrun_launch() {
+    # shellcheck disable=SC2086
+    "$VENV/bin/torchrun" ${TORCHRUN_ARGS:---standalone} --nproc-per-node "$NP" \
+        --max-restarts "${MAX_RESTARTS:-0}" "$@"
 }
 
 demo() {
@@ -111,6 +122,9 @@ run_tests() {
 main() {
     local step=${1:-help}
     shift || true
+    if [[ $step == train && ${BACKEND:-horovod} == torch ]]; then
+        ensure_setup; torchrun_launch -m hvd_ctsm.train ${CONFIG:+--config "$CONFIG"} "$@"; return
+    fi
     case $step in
         setup) setup ;;
         doctor) ensure_setup; py -m hvd_ctsm.doctor "$@" ;;

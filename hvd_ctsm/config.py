@@ -125,6 +125,10 @@ class OptimConfig:
 
 @dataclass
 class DistConfig:
+    backend: str = "auto"
+    """Who averages the gradients: 'horovod' (launch with horovodrun), 'torch' (DDP; launch
+    with torchrun) or 'auto': torch under torchrun, else Horovod when installed, else one
+    process. Checkpoints and run folders are the same whichever trained."""
     compression: str = "none"
     """Gradient compression on the wire: 'none' or 'fp16'."""
     backward_passes_per_step: int = 1
@@ -144,6 +148,7 @@ class DistConfig:
     without CUDA, where a spinning rank takes a core the other ranks' compute needs."""
 
     def __post_init__(self):
+        _one_of("dist.backend", self.backend, {"auto", "horovod", "torch"})
         _one_of("dist.compression", self.compression, {"none", "fp16"})
         _one_of("dist.op", self.op, {"average", "adasum"})
         _check(self.backward_passes_per_step >= 1, "dist.backward_passes_per_step must be >= 1")

@@ -5,6 +5,7 @@
 Exit code 1 when any check fails. HVD_CTSM_CONSTRAINTS points at another constraints file (the
 pins are read from constraints.txt beside the package by default; an installed wheel has none,
 and then the versions are checked against the package's own declared requirements).
+HVD_CTSM_BACKENDS=torch (the setup knob that leaves Horovod out) skips the Horovod checks.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def check_pins() -> Check:
     if not path.is_file() and "HVD_CTSM_CONSTRAINTS" not in os.environ:
         return check_requirements()  # an installed wheel: the pins stay with the checkout
     pins = read_pins(path)
+    if "horovod" not in wanted_backends():  # left out on purpose by the setup knob
+        pins.pop("horovod", None)
     wrong = []
     for name, want in sorted(pins.items()):
         have = installed_version(name)
@@ -135,6 +138,50 @@ def check_dependency_conflicts() -> Check:
                      fix="./run.sh setup reinstalls the pins of constraints.txt")
     return Check("dependency conflicts", True, "only the known one: petastorm declares "
                  "setuptools<70, torch >=77; we follow torch (petastorm never imports setuptools)")
+
+
+def wanted_backends() -> list[str]:
+    """HVD_CTSM_BACKENDS (the setup knob): 'torch' when Horovod was left out on purpose."""
+    return [b.strip() for b in os.environ.get("HVD_CTSM_BACKENDS", "horovod,torch").split(",")
+            if b.strip()]
+
+
+def check_backends() -> Check:
+    """Which distributed backends can train here (dist.backend)."""
+    from hvd_ctsm.distributed import usable_backends
+
+    why_not = usable_backends()
+    usable = [name for name, reason in why_not.items() if not reason]
+    missing = [name for name in wanted_backends() if why_not.get(name, "unknown backend")]
+    detail = f"usable: {', '.join(usable) or 'none'}"
+    if not missing:
+        return Check("backends", bool(usable), detail + " (dist.backend=auto: torch under "
+                     "torchrun, Horovod under horovodrun)")
+    return Check("backends", False, detail, cause="; ".join(
+        f"{name}: {why_not.get(name, 'unknown backend')}" for name in missing),
+        fix="./run.sh setup installs both; HVD_CTSM_BACKENDS=torch asks for torch only")
+
+
+def check_torch_allreduce() -> Check:
+    """The torch backend's self-test under torchrun (2 ranks, Gloo)."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "hvd_ctsm.distributed",
+           "selftest"]
+    name = "allreduce (torch gloo, 2 ranks)"
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired:
+        return Check(name, False, "timed out after 180 s", cause="the ranks did not meet",
+                     fix="check that localhost resolves and nothing blocks local ports")
+    from hvd_ctsm.distributed import parse_selftest
+
+    reports = parse_selftest(proc.stdout)
+    if proc.returncode == 0 and len(reports) == 2 and all(r["ok"] for r in reports):
+        return Check(name, True, f"exact sum on both ranks {reports[0]['sum']}")
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return Check(name, False, f"exit {proc.returncode}", cause=" | ".join(tail),
+                 fix="see the cause; torch must be the pinned CPU or CUDA build")
 
 
 def check_horovod_build() -> Check:
@@ -254,10 +301,12 @@ def run_check(fn, *args) -> Check:
 
 
 def all_checks(skip_slow: bool) -> list:
-    fast = [(check_python,), (check_pins,), (check_dependency_conflicts,), (check_horovod_build,)]
-    slow = [(check_allreduce, "gloo"), (check_allreduce, "mpi"), (check_spark,),
-            (check_petastorm,)]
-    return fast + ([] if skip_slow else slow) + [(check_gpu,)]
+    horovod = "horovod" in wanted_backends()
+    fast = [(check_python,), (check_pins,), (check_dependency_conflicts,), (check_backends,)]
+    fast += [(check_horovod_build,)] if horovod else []
+    slow = [(check_allreduce, "gloo"), (check_allreduce, "mpi")] if horovod else []
+    slow += [(check_torch_allreduce,), (check_spark,), (check_petastorm,)]
+    return fast + ([] if skip_slow else slow) + ([(check_gpu,)] if horovod else [])
 
 
 def format_line(check: Check) -> str:

@@ -33,15 +33,14 @@ def build(cfg, init_from):
     clock = SampleClock(batch * dist.size())
     steps_per_epoch = sum(g.rows for g in groups) // clock.unit
     total = steps_per_epoch * cfg.epochs
-    optimizer = dist.distributed_optimizer(
-        torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
-                          weight_decay=cfg.optim.weight_decay),
-        model, compression=cfg.dist.compression, op=cfg.dist.op,
-        gradient_predivide_factor=cfg.dist.gradient_predivide_factor)
+    # Elastic Horovod only (train.check_launch); one micro-batch a step (check_elastic_config).
+    net, optimizer = dist.current().wrap(
+        model, torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
+                                 weight_decay=cfg.optim.weight_decay), cfg.dist)
     factor = lr_schedule(cfg.optim, lr_scale(cfg.optim, clock.unit), total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: factor(clock.step()))
     run = Run(cfg, meta, model, optimizer, scheduler, None, device, clock.unit, total,
-              step_delay=faults.injected_step_delay(dist.rank()))
+              step_delay=faults.injected_step_delay(dist.rank()), net=net)
     return run, groups, clock, steps_per_epoch
 
 

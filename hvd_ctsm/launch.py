@@ -1,7 +1,8 @@
 """The trainer's program on one rank: argv -> config -> the plain or the elastic loop.
 
     python -m hvd_ctsm.train --data DIR --out RUN                      # one rank
-    horovodrun -np 8 python -m hvd_ctsm.train --data DIR --out RUN     # eight ranks
+    horovodrun -np 8 python -m hvd_ctsm.train --data DIR --out RUN     # eight ranks, Horovod
+    torchrun --standalone --nproc-per-node 8 -m hvd_ctsm.train ...     # eight ranks, DDP
     hvd-ctsm train --data DIR --out RUN --config ml100k optim.lr=1e-3 --print-config
 
 Every route (horovodrun, elastic, horovod.spark, the CLI) runs `main(argv)`; it lives apart from
@@ -12,31 +13,20 @@ built from train's parts: train.py cannot import it back without a cycle.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import sys
 from pathlib import Path
 
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import elastic_loop, faults, train
 from hvd_ctsm.config import ConfigError, config_from_argv, config_yaml
-
-
-def check_out_folder(out: Path, resume: bool, overwrite: bool) -> None:
-    """A new run never mixes its checkpoints and logs with an earlier run's."""
-    if resume or not out.exists() or not any(out.iterdir()):
-        return
-    if not overwrite:
-        raise SystemExit(f"error: {out} already holds a run: pass --resume to continue it or "
-                         "--overwrite to start afresh")
-    if int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))) == 0:
-        shutil.rmtree(out)
+from hvd_ctsm.train_support import check_launch, check_out_folder, note_restart
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg, args = config_from_argv(sys.argv[1:] if argv is None else argv)
-    except ConfigError as exc:  # stops here, before any worker starts Horovod
+        check_launch(cfg, args)
+    except (ConfigError, dist.BackendError) as exc:  # stops here, before any worker starts
         raise SystemExit(f"error: {exc}") from exc
     if args.print_config:
         print(config_yaml(cfg), end="")
@@ -44,11 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.elastic and args.resume:
         raise SystemExit("error: --elastic keeps its state in memory; --resume is for "
                          "restarting a non-elastic run from its checkpoints")
+    # torchrun --max-restarts starts every worker again after one failed: they go on from the
+    # latest checkpoint, as `--resume` would.
+    args.resume = args.resume or dist.restarted_by_launcher()
     # An elastic job starts workers later too (replacements, rejoins): only the first rank 0
     # checks the run folder; the others join whatever run it holds.
-    if not args.elastic or os.environ.get("HOROVOD_RANK", "0") == "0":
+    if not args.elastic or dist.launch_rank() == 0:
         check_out_folder(Path(cfg.out), args.resume, args.overwrite)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if dist.restarted_by_launcher():
+        note_restart(Path(cfg.out))
     watcher = faults.start_stall_watcher(Path(cfg.out))
     try:
         if args.elastic:

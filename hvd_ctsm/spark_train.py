@@ -1,13 +1,16 @@
-"""Train inside a Spark application: the trainer's own entry point, run by horovod.spark.
+"""Train inside a Spark application: the trainer's own entry point, run by horovod.spark or by
+Spark's TorchDistributor.
 
     from hvd_ctsm.spark_train import train_on_spark
     summary = train_on_spark(["--data", DIR, "--out", RUN, "--config", "ml100k"], num_proc=2)
 
-Each of the `num_proc` Spark tasks starts one Horovod rank (Gloo) that runs
-`hvd_ctsm.launch.main(argv)`, what `horovodrun -np N python -m hvd_ctsm.train ARGV` runs: the
-same sharded Petastorm reading, the same allreduce, rank 0 alone writing the run folder. The
-run folder and the dataset must be on a filesystem that every executor and the driver see (local
-mode, or a shared mount such as /dbfs on Databricks).
+Each of the `num_proc` Spark tasks starts one rank that runs `hvd_ctsm.launch.main(argv)`, what
+`horovodrun -np N python -m hvd_ctsm.train ARGV` (or torchrun) runs: the same sharded Petastorm
+reading, the same gradient averaging, rank 0 alone writing the run folder. The config's
+dist.backend picks the route: horovod -> horovod.spark.run (Gloo); torch -> TorchDistributor
+(torchrun workers, DDP); auto -> Horovod when installed, else torch. The run folder and the
+dataset must be on a filesystem that every executor and the driver see (local mode, or a shared
+mount such as /dbfs on Databricks).
 """
 
 from __future__ import annotations
@@ -25,12 +28,22 @@ class SparkTrainingError(RuntimeError):
 
 
 def _train_rank(argv: list[str], env: dict[str, str]) -> dict:
-    """Runs in every Horovod rank (a process started by a Spark task)."""
+    """Runs in every rank (a process started by a Spark task, or torchrun under one)."""
     os.environ.update(env)
-    from hvd_ctsm import launch
+    from hvd_ctsm import distributed, launch
 
     code = launch.main(list(argv))
-    return {"rank": int(os.environ.get("HOROVOD_RANK", "0")), "exit_code": code}
+    return {"rank": distributed.launch_rank(), "exit_code": code}
+
+
+def spark_backend(choice: str) -> str:
+    """The route for dist.backend=`choice` on Spark (no launcher to tell: auto prefers
+    Horovod when it is installed, as the trainer alone does)."""
+    from hvd_ctsm import distributed
+
+    if choice == "auto":
+        return "horovod" if distributed.horovod_importable() else "torch"
+    return choice
 
 
 def resolved_config(argv: list[str]):
@@ -52,11 +65,14 @@ def check_dataset(data: str, num_proc: int) -> None:
 
 
 def train_on_spark(argv: list[str], num_proc: int = 2, spark=None,
-                   threads_per_rank: int | None = None, start_timeout: int | None = None) -> dict:
+                   threads_per_rank: int | None = None, start_timeout: int | None = None,
+                   local_mode: bool = False, use_gpu: bool = False) -> dict:
     """Run the trainer on `num_proc` Spark tasks; return the run's train_summary.json.
 
     spark: an existing SparkSession (a notebook's); by default the active one, else a local one.
     threads_per_rank: OMP/torch threads in each rank (default: cores / num_proc on this host).
+    local_mode, use_gpu: TorchDistributor's (dist.backend=torch): all ranks on the driver's host
+    instead of the executors; one GPU per rank.
     """
     if num_proc < 1:
         raise SparkTrainingError(f"num_proc must be >= 1, got {num_proc}")
@@ -66,8 +82,9 @@ def train_on_spark(argv: list[str], num_proc: int = 2, spark=None,
         from hvd_ctsm.spark_session import get_spark
 
         spark = get_spark(master=f"local[{num_proc}]", app_name="hvd_ctsm-train")
+    backend = spark_backend(cfg.dist.backend)
     slots = spark.sparkContext.defaultParallelism
-    if slots < num_proc:
+    if slots < num_proc and not (backend == "torch" and local_mode):
         raise SparkTrainingError(f"the Spark application has {slots} task slots, fewer than "
                                  f"num_proc={num_proc}: every rank needs its own task (all run "
                                  "at once); lower num_proc or add executor cores")
@@ -76,9 +93,13 @@ def train_on_spark(argv: list[str], num_proc: int = 2, spark=None,
     from hvd_ctsm import distributed
 
     try:
-        results = distributed.spark_run(_train_rank, args=(list(argv), env), num_proc=num_proc,
-                                        start_timeout=start_timeout)
-    except Exception as exc:  # horovod.spark reports a failed rank as a bare RuntimeError
+        if backend == "torch":  # TorchDistributor returns rank 0's result only
+            results = [distributed.torch_spark_run(_train_rank, (list(argv), env), num_proc,
+                                                   local_mode=local_mode, use_gpu=use_gpu)]
+        else:
+            results = distributed.spark_run(_train_rank, args=(list(argv), env),
+                                            num_proc=num_proc, start_timeout=start_timeout)
+    except Exception as exc:  # both report a failed rank as a bare RuntimeError
         raise SparkTrainingError(f"training on Spark failed: {exc}") from exc
     failed = [r for r in results if r["exit_code"] != 0]
     summary_path = Path(cfg.out) / "train_summary.json"

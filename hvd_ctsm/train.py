@@ -1,11 +1,13 @@
 """Train a CTSM on one rank or many (the program, its options and routes: hvd_ctsm.launch):
 
     python -m hvd_ctsm.train --data DIR --out RUN                      # one rank
-    horovodrun -np 8 python -m hvd_ctsm.train --data DIR --out RUN     # eight ranks
+    horovodrun -np 8 python -m hvd_ctsm.train --data DIR --out RUN     # eight ranks, Horovod
+    torchrun --standalone --nproc-per-node 8 -m hvd_ctsm.train ...     # eight ranks, DDP
     ... --config ml100k optim.lr=0.002 epochs=30 --resume
 
-Every rank reads its own shard and runs the same number of steps; gradients are averaged by
-Horovod (hvd_ctsm.distributed); rank 0 alone writes checkpoints, TensorBoard and the final model.
+Every rank reads its own shard and runs the same number of steps; gradients are averaged by the
+backend hvd_ctsm.distributed started (dist.backend); rank 0 alone writes checkpoints, TensorBoard
+and the final model, the same files whichever backend trained.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import hashlib
 import json
 import logging
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from hvd_ctsm.data import (EpochPlan, eval_batches, plan_epoch, prefetch, read_m
 from hvd_ctsm.evaluate import evaluate, model_scorer
 from hvd_ctsm.model import CTSM, ModelSizes
 from hvd_ctsm.train_support import (StepTimer, autocast_for, build_model_sizes, lr_scale,
-                                    lr_schedule, progress_bar, restore, warm_start)
+                                    lr_schedule, progress_bar, restore, split_batch, warm_start)
 
 log = logging.getLogger("hvd_ctsm.train")
 
@@ -80,7 +81,7 @@ class Run:
 
     cfg: TrainConfig
     meta: dict
-    model: CTSM
+    model: CTSM  # the model itself: its state_dict is what checkpoints hold
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     plan: EpochPlan
@@ -90,6 +91,12 @@ class Run:
     writer: object = None
     timer: StepTimer = field(default_factory=StepTimer)
     step_delay: float = 0.0  # injected by tests only (hvd_ctsm.faults)
+    backend: dist.Backend = None
+    net: torch.nn.Module = None  # what forward() is called on: the model, or its DDP wrapper
+
+    def __post_init__(self):
+        self.backend = self.backend or dist.current()
+        self.net = self.net or self.model
 
 
 def log_training(run: Run, step: int, losses: dict, bar) -> None:
@@ -112,32 +119,30 @@ def log_training(run: Run, step: int, losses: dict, bar) -> None:
 
 
 def optimizer_step(run: Run, batches, autocast, scaler) -> dict:
-    """backward_passes_per_step micro-batches, one gradient allreduce, one optimizer step."""
-    cfg, timer, micro = run.cfg, run.timer, run.cfg.dist.backward_passes_per_step
+    """backward_passes_per_step micro-batches, one gradient reduction, one optimizer step."""
+    cfg, timer, backend = run.cfg, run.timer, run.backend
+    micro = cfg.dist.backward_passes_per_step
     losses = {}
-    for _ in range(micro):
+    for i in range(micro):
         with timer("data"):
             if run.step_delay:
                 time.sleep(run.step_delay)
             batch = {k: v.to(run.device, non_blocking=True) for k, v in next(batches).items()}
-        with timer("forward"), autocast():
-            head_losses = run.model(batch)
-            loss = sum(cfg.model.head_weights[k] * v for k, v in head_losses.items())
-        with timer("backward"):
-            scaler.scale(loss / micro).backward()
+        with backend.accumulating(run.net, last=i == micro - 1):
+            with timer("forward"), autocast():
+                head_losses = run.net(batch)
+                loss = sum(cfg.model.head_weights[k] * v for k, v in head_losses.items())
+            with timer("backward"):
+                scaler.scale(loss / micro).backward()
         for k, v in head_losses.items():
             losses[k] = losses.get(k, 0.0) + v.item() / micro
-    # Horovod's Adasum optimizer combines updates inside step() and cannot skip that: its
-    # communication is timed as "step" and clipping applies to the local gradients.
-    adasum = cfg.dist.op == "adasum"
-    if not adasum:
-        with timer("allreduce"):
-            dist.synchronize_gradients(run.optimizer, cfg.dist.sleeping_wait)
+    with timer("allreduce"):  # waiting for the averaged gradients (DDP: done in backward)
+        backend.finish_gradient_reduce(run.optimizer, cfg.dist.sleeping_wait)
     with timer("step"):
         scaler.unscale_(run.optimizer)
         if cfg.optim.clip_grad_norm:
             torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.clip_grad_norm)
-        with nullcontext() if adasum else run.optimizer.skip_synchronize():
+        with backend.stepping(run.optimizer):
             scaler.step(run.optimizer)
         scaler.update()
         run.optimizer.zero_grad()  # Horovod's takes no set_to_none
@@ -154,10 +159,11 @@ def parameter_checksum(model: torch.nn.Module) -> str:
 
 
 def start_rank(cfg: TrainConfig) -> tuple[dict, torch.device, CTSM]:
-    """The dataset's metadata, Horovod started, and this rank's model (same seed everywhere)."""
+    """The dataset's metadata, the backend started, and this rank's model (same seed
+    everywhere)."""
     meta = read_metadata(cfg.data.path)  # a bad dataset stops here, before any collective
-    dist.set_horovod_knobs(cfg.dist.fusion_threshold_mb, cfg.dist.cycle_time_ms)
-    dist.init(cfg.dist.threads_per_rank)
+    dist.start(cfg.dist.backend, cfg.dist.threads_per_rank, cfg.dist.fusion_threshold_mb,
+               cfg.dist.cycle_time_ms)
     device = torch.device(f"cuda:{dist.local_rank()}" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(cfg.seed)
     return meta, device, build_model(cfg, build_model_sizes(meta)).to(device)
@@ -171,15 +177,13 @@ def setup_run(cfg: TrainConfig, resume: bool, init_from: str | None) -> tuple[Ru
     total_steps = plan.steps * cfg.epochs
     effective_batch = cfg.data.batch_size * dist.size() * micro
     scale = lr_scale(cfg.optim, effective_batch)
-    optimizer = dist.distributed_optimizer(
-        torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr * scale,
-                          weight_decay=cfg.optim.weight_decay),
-        model, compression=cfg.dist.compression, backward_passes_per_step=micro,
-        op=cfg.dist.op, gradient_predivide_factor=cfg.dist.gradient_predivide_factor)
+    net, optimizer = dist.current().wrap(
+        model, torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr * scale,
+                                 weight_decay=cfg.optim.weight_decay), cfg.dist)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_schedule(cfg.optim, scale, total_steps))
     run = Run(cfg, meta, model, optimizer, scheduler, plan, device, effective_batch, total_steps,
-              step_delay=faults.injected_step_delay(dist.rank()))
+              step_delay=faults.injected_step_delay(dist.rank()), net=net)
     position = {"epoch": 0, "batch": 0, "step": 0, "best": {"ndcg@10": float("-inf")}}
     checkpoints = CheckpointManager(Path(cfg.out) / "checkpoints", cfg.keep_checkpoints)
     if resume:
@@ -198,8 +202,9 @@ def setup_run(cfg: TrainConfig, resume: bool, init_from: str | None) -> tuple[Ru
         from torch.utils.tensorboard import SummaryWriter
 
         run.writer = SummaryWriter(str(Path(cfg.out) / "tensorboard"))
-        log.info("ranks=%d steps/epoch=%d (shard rows %s) effective batch=%d lr x%.3g",
-                 dist.size(), plan.steps, plan.rows_per_shard, effective_batch, scale)
+        log.info("backend=%s ranks=%d steps/epoch=%d (shard rows %s) effective batch=%d "
+                 "lr x%.3g", run.backend.name, dist.size(), plan.steps, plan.rows_per_shard,
+                 effective_batch, scale)
     return run, position
 
 
@@ -297,23 +302,6 @@ def epoch_batches(run: Run, epoch: int, skip: int):
                             cfg.seed, cfg.data.shuffle_buffer, skip=skip)
     return prefetch((chunk for big in batches for chunk in split_batch(big, micro)),
                     cfg.data.prefetch_batches)
-
-
-def split_batch(batch: dict, parts: int) -> list[dict]:
-    """One read of parts x batch_size rows -> `parts` micro-batches (backward_passes_per_step)."""
-    if parts == 1:
-        return [batch]
-    rows = batch["item"].shape[0]
-    size = rows // parts
-    out = []
-    for i in range(parts):
-        lo, hi = i * size, (i + 1) * size
-        keep = (batch["target_row"] >= lo) & (batch["target_row"] < hi)
-        part = {k: v[lo:hi] for k, v in batch.items() if not k.startswith("target_")}
-        part |= {k: v[keep] for k, v in batch.items() if k.startswith("target_")}
-        part["target_row"] = part["target_row"] - lo
-        out.append(part)
-    return out
 
 
 def save_checkpoint(run: Run, checkpoints: CheckpointManager, position: dict,

@@ -1,17 +1,23 @@
-"""The trainer's helpers: learning-rate rules, timers, mixed precision, resume and warm start."""
+"""The trainer's helpers: learning-rate rules, timers, mixed precision, resume and warm start,
+micro-batches, and the checks a launch passes before any worker starts its backend."""
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import torch
 
+from hvd_ctsm import distributed as dist
+from hvd_ctsm import faults
 from hvd_ctsm.checkpoint import CheckpointManager, load_state
-from hvd_ctsm.config import OptimConfig
+from hvd_ctsm.config import OptimConfig, TrainConfig
 from hvd_ctsm.data import model_sizes_kwargs
 from hvd_ctsm.model import ModelSizes
 
@@ -157,3 +163,49 @@ def warm_start(model, path: str, root: bool) -> None:
     model.load_state_dict(new)
     log.info("warm start from %s: %d tensors copied, %d grown (new vocabulary rows)", path,
              copied, grown)
+
+
+def split_batch(batch: dict, parts: int) -> list[dict]:
+    """One read of parts x batch_size rows -> `parts` micro-batches (backward_passes_per_step)."""
+    if parts == 1:
+        return [batch]
+    rows = batch["item"].shape[0]
+    size = rows // parts
+    out = []
+    for i in range(parts):
+        lo, hi = i * size, (i + 1) * size
+        keep = (batch["target_row"] >= lo) & (batch["target_row"] < hi)
+        part = {k: v[lo:hi] for k, v in batch.items() if not k.startswith("target_")}
+        part |= {k: v[keep] for k, v in batch.items() if k.startswith("target_")}
+        part["target_row"] = part["target_row"] - lo
+        out.append(part)
+    return out
+
+
+def check_out_folder(out: Path, resume: bool, overwrite: bool) -> None:
+    """A new run never mixes its checkpoints and logs with an earlier run's."""
+    if resume or not out.exists() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise SystemExit(f"error: {out} already holds a run: pass --resume to continue it or "
+                         "--overwrite to start afresh")
+    if dist.launch_rank() == 0:
+        shutil.rmtree(out)
+
+
+def note_restart(out: Path) -> None:
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    log.warning("restart %s by torchrun after a worker failed: resuming from the latest "
+                "checkpoint", count)
+    if dist.launch_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        faults.append_event(out, {"event": "restarted_by_torchrun", "restart": int(count)})
+
+
+def check_launch(cfg: TrainConfig, args) -> None:
+    """The backend can serve this launch (dist.BackendError names the fix otherwise)."""
+    backend = dist.check_config(cfg.dist.backend, cfg.dist)
+    if args.elastic and backend != "horovod":
+        raise dist.BackendError("--elastic is Elastic Horovod (horovodrun); with torchrun use "
+                                "--max-restarts N: restarted workers resume from the latest "
+                                "checkpoint")

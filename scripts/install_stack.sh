@@ -10,6 +10,8 @@
 #   PYTHON             the interpreter that creates the venv (default: python3.11)
 #   SKIP_APT=1         do not touch system packages (containers that preinstalled them)
 #   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod's NCCL path (GPU machines; cached separately)
+#   HVD_CTSM_BACKENDS=torch       the torch backend only (torchrun + DDP): no MPI packages and no
+#                      Horovod build (the slow step); default horovod,torch installs both
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,6 +20,12 @@ CACHE=${HVD_CTSM_CACHE:-$HOME/.cache/hvd_ctsm}
 PYTHON=${PYTHON:-python3.11}
 CONSTRAINTS=$REPO/constraints.txt
 APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make openjdk-17-jre-headless procps)
+BACKENDS=${HVD_CTSM_BACKENDS:-horovod,torch}
+case $BACKENDS in
+    horovod,torch | torch,horovod) ;;
+    torch) APT_PACKAGES=(openjdk-17-jre-headless procps) ;;  # MPI and compilers are Horovod's
+    *) echo "[setup] HVD_CTSM_BACKENDS=$BACKENDS: expected 'torch' or 'horovod,torch'" >&2; exit 2 ;;
+esac
 
 pin() { sed -n "s/^$1==//p" "$CONSTRAINTS"; }
 HOROVOD_VERSION=$(pin horovod)
@@ -118,6 +126,7 @@ build_horovod_wheel() {
 
 install_horovod() {
     step "horovod $HOROVOD_VERSION (C++17 build, cached wheel)"
+    if [[ $BACKENDS == torch ]]; then done_step "(skipped: HVD_CTSM_BACKENDS=torch)"; return; fi
     local dir note="(from cache)"
     dir=$(horovod_wheel_dir)
     local nccl_check=""  # a GPU build must really have NCCL, not just any installed Horovod

@@ -19,7 +19,16 @@ def test_every_check_passes_here():
     assert proc.returncode == 0 and not failed, failed
     names = {c["name"] for c in report["checks"]}
     assert {"package pins", "horovod build", "allreduce (gloo, 2 ranks)",
-            "allreduce (mpi, 2 ranks)", "java + spark", "petastorm round trip"} <= names
+            "allreduce (mpi, 2 ranks)", "java + spark", "petastorm round trip", "backends",
+            "allreduce (torch gloo, 2 ranks)"} <= names
+
+
+def test_a_torch_only_setup_skips_the_horovod_checks_and_lists_the_backends(monkeypatch, capsys):
+    monkeypatch.setenv("HVD_CTSM_BACKENDS", "torch")
+    assert doctor.main(["--skip-slow"]) == 0
+    out = capsys.readouterr().out
+    assert "OK   backends" in out and "usable: torch" in out
+    assert "horovod build" not in out
 
 
 @pytest.mark.slow  # doctor's fast checks still start pip check and horovodrun --check-build

@@ -1,22 +1,18 @@
-"""Everything Horovod, in one module: the rest of the project never imports horovod.
+"""The Horovod backend: the only module of the project that imports horovod.
 
-The trainer asks this module to start workers, wrap its optimizer, broadcast the initial state and
-combine metrics; the model knows nothing of distribution. Run as a script, it is the self-test that
-the doctor and the tests launch under horovodrun:
-
-    horovodrun -np 2 --gloo python -m hvd_ctsm.distributed selftest
+HorovodBackend is the trainer's interface (hvd_ctsm.distributed.base.Backend); the functions
+below it are its parts plus what only Horovod offers: Elastic Horovod and horovod.spark.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
+
+from hvd_ctsm.distributed.base import Backend
 
 _hvd = None  # horovod.torch once init() ran
 
@@ -87,23 +83,10 @@ def local_rank() -> int:
     return _horovod().local_rank()
 
 
-def is_root() -> bool:
-    return rank() == 0
-
-
 def allreduce_sum(values: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """Exact sum across ranks (float64 on the wire for counts and sums of metrics)."""
     hvd = _horovod()
     return hvd.allreduce(values.detach().to(torch.float64).cpu(), op=hvd.Sum, name=name)
-
-
-def allreduce_mean(metrics: dict[str, float]) -> dict[str, float]:
-    """Average scalar metrics over ranks, one allreduce for the lot."""
-    if not metrics:
-        return {}
-    keys = sorted(metrics)
-    summed = allreduce_sum(torch.tensor([float(metrics[k]) for k in keys]), name="metrics_mean")
-    return {k: float(v) / size() for k, v in zip(keys, summed.tolist(), strict=True)}
 
 
 def allgather_object(obj):
@@ -242,27 +225,59 @@ def spark_store(path: str):
     return Store.create(path)
 
 
-def parse_selftest(output: str) -> list[dict]:
-    """The SELFTEST reports in a launcher's output (mpirun may put two ranks on one line)."""
-    return [json.loads(m) for m in re.findall(r"SELFTEST (\{[^{}]*\})", output)]
+class HorovodBackend(Backend):
+    """Horovod: the optimizer is wrapped (hvd.DistributedOptimizer) and averages the gradients
+    in its synchronize(); the model is called as it is."""
 
+    name = "horovod"
 
-def _selftest() -> int:
-    """Allreduce rank-dependent tensors; every rank must hold the exact sum."""
-    init(threads_per_rank=1)
-    r, n = rank(), size()
-    t0 = time.perf_counter()
-    got = allreduce_sum(torch.arange(4, dtype=torch.float64) + 10 * r, name="selftest")
-    want = torch.arange(4, dtype=torch.float64) * n + 10 * sum(range(n))
-    ok = bool(torch.equal(got, want))
-    report = {"rank": r, "size": n, "sum": got.tolist(), "expected": want.tolist(), "ok": ok,
-              "seconds": round(time.perf_counter() - t0, 4), **build_info()}
-    print("SELFTEST " + json.dumps(report), flush=True)
-    shutdown()
-    return 0 if ok else 1
+    def __init__(self, threads_per_rank: int | None = None,
+                 fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None,
+                 knobs: bool = True):
+        if knobs:  # False: Horovod's own defaults (hvd_ctsm.distributed.init)
+            set_horovod_knobs(fusion_threshold_mb, cycle_time_ms)
+        init(threads_per_rank)
+        self.adasum = False
 
+    def rank(self) -> int:
+        return rank()
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["selftest"]:
-        sys.exit(_selftest())
-    sys.exit("usage: python -m hvd_ctsm.distributed selftest")
+    def size(self) -> int:
+        return size()
+
+    def local_rank(self) -> int:
+        return local_rank()
+
+    def local_size(self) -> int:
+        return _horovod().local_size()
+
+    def wrap(self, model, optimizer, cfg):
+        self.adasum = cfg.op == "adasum"
+        return model, distributed_optimizer(
+            optimizer, model, compression=cfg.compression,
+            backward_passes_per_step=cfg.backward_passes_per_step, op=cfg.op,
+            gradient_predivide_factor=cfg.gradient_predivide_factor)
+
+    # Horovod's Adasum optimizer combines updates inside step() and cannot skip that: its
+    # communication is timed as "step" and clipping applies to the local gradients.
+    def finish_gradient_reduce(self, optimizer, sleeping_wait=None) -> None:
+        if not self.adasum:
+            synchronize_gradients(optimizer, sleeping_wait)
+
+    def stepping(self, optimizer):
+        return nullcontext() if self.adasum else optimizer.skip_synchronize()
+
+    def allreduce_sum(self, values, name=None):
+        return allreduce_sum(values, name)
+
+    def allgather_object(self, obj) -> list:
+        return allgather_object(obj)
+
+    def broadcast_object(self, obj, root_rank: int = 0):
+        return broadcast_object(obj, root_rank)
+
+    def broadcast_state(self, model, optimizer) -> None:
+        broadcast_state(model, optimizer)
+
+    def shutdown(self) -> None:
+        shutdown()

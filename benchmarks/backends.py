@@ -1,0 +1,94 @@
+"""Horovod vs torch.distributed in the real trainer: the same run under horovodrun and torchrun.
+
+    python benchmarks/backends.py --data FEATURES --config ml100k --np 2 --epochs 1 --repeats 3
+
+Each repeat runs both backends in turn (H T, H T, ...) so that they share the machine's moments.
+Per run, from the trainer's own log: epoch seconds (sum of step times), rows/s, the time shares
+(under torch the gradient wait is inside "backward": DDP reduces while backward runs), the wall
+time of the whole launch, and the validation NDCG@10. Writes results/backends_MACHINE_DATE.json
+with medians over the repeats and the Horovod/torch ratio of each repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import RESULTS, horovodrun, machine, run, save, spread  # noqa: E402
+from benchmarks.scaling import read_train_log, trainer_args  # noqa: E402
+
+BACKENDS = ("horovod", "torch")
+
+
+def torchrun(np: int, args: list[str]) -> list[str]:
+    return [str(Path(sys.executable).with_name("torchrun")), "--standalone",
+            "--nproc-per-node", str(np), "--no-python", sys.executable, *args]
+
+
+def one_run(args, backend: str, work: Path) -> dict:
+    out = work / "run"
+    overrides = [f"epochs={args.epochs}", f"dist.backend={backend}"]
+    launch = horovodrun if backend == "horovod" else torchrun
+    wall = run(launch(args.np, trainer_args(args.data, out, args.config, overrides)),
+               work / "run.log")
+    summary = json.loads((out / "train_summary.json").read_text())
+    return read_train_log(out) | {"wall_seconds": wall,
+                                  "ndcg@10": summary["validation"]["full"]["ndcg@10"]}
+
+
+def result_name(stamp: dict) -> str:
+    """backends_<cpu>_<date>: which machine and day the numbers belong to."""
+    cpu = re.sub(r"[^a-z0-9]+", "-", stamp["cpu"].lower()).strip("-")[:40]
+    return f"backends_{cpu}-{stamp['cores']}c_{stamp['date'][:10]}"
+
+
+def summarize(runs: dict) -> dict:
+    by = {b: {"epoch_seconds": spread(r["epoch_seconds"] for r in rs),
+              "rows_per_s": spread(r["rows_per_s"] for r in rs),
+              "wall_seconds": spread(r["wall_seconds"] for r in rs),
+              "allreduce_share": spread(r["shares"].get("allreduce", 0.0) for r in rs),
+              "backward_share": spread(r["shares"].get("backward", 0.0) for r in rs),
+              "ndcg@10": spread(r["ndcg@10"] for r in rs)} for b, rs in runs.items()}
+    pairs = list(zip(runs["horovod"], runs["torch"], strict=True))
+    by["horovod_over_torch_rows_per_s"] = spread(h["rows_per_s"] / t["rows_per_s"]
+                                                 for h, t in pairs)
+    return by
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, type=Path)
+    p.add_argument("--config", default=None)
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    t0, runs = time.perf_counter(), {b: [] for b in BACKENDS}
+    for rep in range(args.repeats):
+        for backend in BACKENDS:
+            with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:
+                runs[backend].append(one_run(args, backend, Path(tmp)))
+            print(f"[backends] repeat {rep + 1}: {backend}: "
+                  f"{runs[backend][-1]['rows_per_s']:.0f} rows/s", flush=True)
+    summary = summarize(runs)
+    path = save(result_name(machine()), {
+        "data": args.data.name, "config": args.config, "np": args.np, "epochs": args.epochs,
+        "repeats": args.repeats, "summary": summary, "runs": runs,
+        "bench_seconds": time.perf_counter() - t0}, args.out)
+    print(f"[backends] wrote {path}")
+    print(json.dumps({k: v["median"] if "median" in v else {m: s["median"] for m, s in v.items()}
+                      for k, v in summary.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The torch.distributed backend: DistributedDataParallel over Gloo (CPU) or NCCL (GPU).
+
+    torchrun --standalone --nproc-per-node 2 -m hvd_ctsm.train --data DIR --out RUN
+
+DDP averages the gradients while backward runs, bucket by bucket (dist.fusion_threshold_mb is the
+bucket size, as it is Horovod's fusion buffer): when the last micro-batch's backward returns they
+are in place, so the time ranks spend waiting for each other shows in the "backward" phase of the
+step timer, not in "allreduce". The micro-batches before the last (dist.backward_passes_per_step)
+run under DDP's no_sync. dist.compression=fp16 is DDP's fp16 compression comm hook.
+
+Started by torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT); without it, one
+process with no process group.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as td
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from hvd_ctsm.distributed.base import Backend, BackendError, create_optimizer_state, set_threads
+
+DDP_BUCKET_MB = 25.0  # DDP's own default bucket size, used when dist.fusion_threshold_mb is None
+
+
+def check_options(cfg) -> None:
+    """DistConfig values that only Horovod has stop here with the fix, before any step."""
+    if cfg.op != "average":
+        raise BackendError(f"dist.op={cfg.op} needs Horovod (DDP averages gradients): set "
+                           "dist.backend=horovod and launch with horovodrun --mpi")
+    if cfg.gradient_predivide_factor != 1.0:
+        raise BackendError("dist.gradient_predivide_factor is Horovod's: DDP divides before the "
+                           "sum already; leave it at 1.0 with dist.backend=torch")
+
+
+class TorchBackend(Backend):
+    """torch.distributed: the model is wrapped in DDP; the optimizer is the plain one."""
+
+    name = "torch"
+
+    def __init__(self, threads_per_rank: int | None = None,
+                 fusion_threshold_mb: float | None = None, cycle_time_ms: float | None = None):
+        # cycle_time_ms is Horovod's background cycle; DDP has none, so it is not used here.
+        self.launched = "WORLD_SIZE" in os.environ
+        self.bucket_mb = fusion_threshold_mb or DDP_BUCKET_MB
+        self.cuda = torch.cuda.is_available()
+        self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self._local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        set_threads(threads_per_rank, self._local_size)
+        if self.cuda:
+            torch.cuda.set_device(self._local_rank)
+        if self.launched and not td.is_initialized():
+            # The rendezvous store outlives a torchrun restart, and with it the addresses the
+            # killed workers published: each attempt gets keys of its own.
+            store, rank, size = next(td.rendezvous("env://"))
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            td.init_process_group("nccl" if self.cuda else "gloo",
+                                  store=td.PrefixStore(f"hvd_ctsm/attempt_{attempt}", store),
+                                  rank=rank, world_size=size)
+
+    def rank(self) -> int:
+        return td.get_rank() if self.launched else 0
+
+    def size(self) -> int:
+        return td.get_world_size() if self.launched else 1
+
+    def local_rank(self) -> int:
+        return self._local_rank
+
+    def local_size(self) -> int:
+        return self._local_size
+
+    def wrap(self, model, optimizer, cfg):
+        check_options(cfg)
+        if not self.launched:
+            return model, optimizer
+        net = DistributedDataParallel(model, device_ids=[self._local_rank] if self.cuda else None,
+                                      bucket_cap_mb=self.bucket_mb)
+        if cfg.compression == "fp16":
+            net.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return net, optimizer
+
+    def accumulating(self, net, last: bool):
+        if last or not isinstance(net, DistributedDataParallel):
+            return nullcontext()
+        return net.no_sync()  # gradients add up locally; the last backward reduces them
+
+    def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.cuda() if self.cuda else tensor  # NCCL reduces CUDA tensors only
+
+    def allreduce_sum(self, values, name=None):
+        total = values.detach().to(torch.float64).cpu()
+        if not self.launched:
+            return total
+        total = self._wire(total)
+        td.all_reduce(total, op=td.ReduceOp.SUM)
+        return total.cpu()
+
+    def allgather_object(self, obj) -> list:
+        if not self.launched:
+            return [obj]
+        out = [None] * self.size()
+        td.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj, root_rank: int = 0):
+        if not self.launched:
+            return obj
+        box = [obj]
+        td.broadcast_object_list(box, src=root_rank)
+        return box[0]
+
+    def broadcast_state(self, model, optimizer) -> None:
+        if not self.launched:
+            return create_optimizer_state(optimizer)
+        for tensor in model.state_dict().values():  # views of the parameters and buffers
+            td.broadcast(tensor, src=0)
+        create_optimizer_state(optimizer)
+        state = self.broadcast_object(optimizer.state_dict() if self.is_root() else None)
+        if not self.is_root():
+            optimizer.load_state_dict(state)
+
+    def shutdown(self) -> None:
+        if self.launched and td.is_initialized():
+            td.barrier()  # no rank tears down while its peer still talks to it
+            td.destroy_process_group()
+
+
+def spark_run(fn, args: tuple = (), num_proc: int = 2, local_mode: bool = False,
+              use_gpu: bool = False):
+    """Run fn(*args) in `num_proc` torchrun workers started by Spark's TorchDistributor; returns
+    rank 0's result. local_mode=False: one worker per Spark task (a barrier stage on the
+    executors); True: all of them on the driver's host."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    distributor = TorchDistributor(num_processes=num_proc, local_mode=local_mode,
+                                   use_gpu=use_gpu)
+    return distributor.run(fn, *args)
