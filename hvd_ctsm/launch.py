@@ -13,24 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import elastic_loop, faults, train
 from hvd_ctsm.config import ConfigError, config_from_argv, config_yaml
-
-
-def check_out_folder(out: Path, resume: bool, overwrite: bool) -> None:
-    """A new run never mixes its checkpoints and logs with an earlier run's."""
-    if resume or not out.exists() or not any(out.iterdir()):
-        return
-    if not overwrite:
-        raise SystemExit(f"error: {out} already holds a run: pass --resume to continue it or "
-                         "--overwrite to start afresh")
-    if int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))) == 0:
-        shutil.rmtree(out)
+from hvd_ctsm.run_folder import check_out_folder, check_resume_matches
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     # An elastic job starts workers later too (replacements, rejoins): only the first rank 0
     # checks the run folder; the others join whatever run it holds.
     if not args.elastic or os.environ.get("HOROVOD_RANK", "0") == "0":
-        check_out_folder(Path(cfg.out), args.resume, args.overwrite)
+        check_out_folder(Path(cfg.out), args.resume, args.overwrite, cfg.data.path)
+        if args.resume:
+            check_resume_matches(Path(cfg.out), cfg)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     watcher = faults.start_stall_watcher(Path(cfg.out))
     try:
@@ -63,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli() -> None:
-    sys.exit(main())
+    from hvd_ctsm.errors import run_cli
+
+    sys.exit(run_cli(main, "hvd_ctsm.train"))
 
 
 if __name__ == "__main__":
