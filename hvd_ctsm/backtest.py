@@ -91,6 +91,8 @@ def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
     SASRec-style `--config sasrec` run) on the same targets and sampled negatives."""
     t0 = time.perf_counter()
     meta = read_metadata(data)
+    for name in ("train", split):  # a damaged or incomplete dataset stops before the model loads
+        split_url(data, name)
     ours = evaluate_model(data, meta, model_path, split, seed)
     num_items, max_len = int(meta["vocab"]["items"]), int(meta["max_len"])
     url = split_url(data, split)
@@ -152,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli() -> None:
-    sys.exit(main())
+    from hvd_ctsm.errors import run_cli
+
+    sys.exit(run_cli(main, "hvd_ctsm.backtest"))
 
 
 if __name__ == "__main__":

@@ -39,16 +39,53 @@ class DatasetError(ValueError):
 
 
 def read_metadata(data_dir: str | Path) -> dict:
+    """metadata.json of a feature dataset, its schema version checked."""
     path = Path(data_dir) / "metadata.json"
+    if not Path(data_dir).is_dir():
+        raise DatasetError(f"{data_dir} is not a folder: point --data at a folder written by "
+                           "spark_jobs.build_features")
     if not path.exists():
         raise DatasetError(f"{path} not found: point --data at a folder written by "
                            "spark_jobs.build_features")
-    meta = json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+    except ValueError as exc:
+        raise DatasetError(f"{path} is not valid JSON ({exc}): rebuild the features") from exc
     version = meta.get("schema_version")
     if version != SCHEMA_VERSION:
         raise DatasetError(f"{data_dir} has schema version {version}, this trainer reads "
                            f"{SCHEMA_VERSION}: rebuild the features with this version")
     return meta
+
+
+def verify_split(data_dir: str | Path, name: str, meta: dict | None = None) -> None:
+    """Every Parquet file metadata.json lists for split `name` is there with its size and row
+    count, and no other is; else DatasetError naming the file. Reads only the footers.
+    Datasets written before the listing existed are not checked."""
+    import pyarrow.parquet as pq
+
+    split = (meta or read_metadata(data_dir)).get("splits", {}).get(name, {})
+    if "files" in split:
+        folder = Path(data_dir) / split.get("path", name)
+        fix = f"rebuild the features into a new folder ({data_dir} is damaged or incomplete)"
+        found = {f.name for f in folder.glob("*.parquet")}
+        for listed in split["files"]:
+            file = folder / listed["name"]
+            if listed["name"] not in found:
+                raise DatasetError(f"{file} is missing ({listed['rows']} of the {split['rows']} "
+                                   f"rows metadata.json lists for {name!r}): {fix}")
+            size = file.stat().st_size
+            try:
+                rows = pq.ParquetFile(file).metadata.num_rows if size == listed["bytes"] else -1
+            except Exception as exc:  # noqa: BLE001  any unreadable footer means damaged
+                raise DatasetError(f"{file} is unreadable ({exc}): {fix}") from exc
+            if size != listed["bytes"] or rows != listed["rows"]:
+                raise DatasetError(f"{file} changed since it was written ({size} bytes, listed "
+                                   f"{listed['bytes']}; {listed['rows']} rows listed): {fix}")
+        extra = sorted(found - {f["name"] for f in split["files"]})
+        if extra:
+            raise DatasetError(f"{folder} holds files metadata.json does not list ({extra}): "
+                               f"{fix}")
 
 
 def model_sizes_kwargs(meta: dict) -> dict:
@@ -59,7 +96,16 @@ def model_sizes_kwargs(meta: dict) -> dict:
             "max_len": int(meta["max_len"])}
 
 
+_VERIFIED: set[tuple[str, str]] = set()  # (dataset, split) checked by this process
+
+
 def split_url(data_dir: str | Path, split: str) -> str:
+    """The split's URL for Petastorm, after checking its files once per process (verify_split):
+    every reader (trainer, backtest, scoring) opens splits through here."""
+    key = (str(Path(data_dir).resolve()), split)
+    if key not in _VERIFIED:
+        verify_split(data_dir, split)
+        _VERIFIED.add(key)
     return (Path(data_dir).resolve() / split).as_uri()
 
 

@@ -5,7 +5,10 @@
 REGISTRY/v0001/ holds model.pt, config.yaml, metadata.json, vocab.json and backtest.json;
 REGISTRY/current names the deployed version. A version folder appears whole or not at all (it is
 built under a temporary name and renamed), and `current` is replaced atomically. A report whose
-gate did not pass, or that was made for another model file, is refused (exit code 1).
+gate did not pass, or that was made for another model file, is refused (exit code 1), and so is
+a version that would miss a file (exit code 1): metadata.json and vocab.json come from the
+report's dataset (a relative path is also tried from the report's folder). The copy is checked
+against its sources before `current` moves. Exit codes: hvd_ctsm/errors.py.
 """
 
 from __future__ import annotations
@@ -43,26 +46,69 @@ def next_version(registry: Path) -> str:
     return f"v{max(taken, default=0) + 1:04d}"
 
 
-def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path) -> Path:
-    model = model_file(model_path)
-    report = json.loads(Path(report_path).read_text())
-    check_report(report, model)
-    registry = Path(registry)
-    registry.mkdir(parents=True, exist_ok=True)
-    data = Path(report["data"])
+REQUIRED = ("model.pt", "model.pt.sha256", "config.yaml", "metadata.json", "vocab.json",
+            "backtest.json")  # a later --warm-start and scoring need every one
+
+
+def report_data_dir(report: dict, report_path: Path) -> Path:
+    """The report's dataset folder; a relative path is tried from the current folder, then from
+    the report's folder (a report moved with its run, or read from another working folder)."""
+    data = Path(report.get("data", ""))
+    if data.is_absolute() or (data / "metadata.json").exists():
+        return data
+    return report_path.parent / data
+
+
+def version_files(model: Path, report: dict, report_path: Path) -> dict[str, Path]:
+    """Every file a version holds, checked to exist before anything is written."""
+    data = report_data_dir(report, report_path)
     files = {"model.pt": model, "model.pt.sha256": Path(f"{model}.sha256"),
              "config.yaml": model.parent / "config.yaml", "metadata.json": data / "metadata.json",
-             "vocab.json": data / "vocab.json", "backtest.json": Path(report_path)}
+             "vocab.json": data / "vocab.json", "backtest.json": report_path}
+    missing = [f"{name} ({src})" for name, src in files.items() if not src.is_file()]
+    if missing:
+        raise DeployRefused(f"refusing to deploy an incomplete version: missing "
+                            f"{', '.join(missing)}; the report's `data` must name the feature "
+                            "folder the model was trained on, beside its run's config.yaml")
+    return files
+
+
+def verify_version(version: Path, files: dict[str, Path]) -> None:
+    """The published copy equals its sources, byte for byte."""
+    for name, src in files.items():
+        copy = version / name
+        if not copy.is_file() or copy.stat().st_size != src.stat().st_size or \
+                hashlib.sha256(copy.read_bytes()).digest() != \
+                hashlib.sha256(src.read_bytes()).digest():
+            raise RuntimeError(f"deploy: {copy} differs from {src} after publishing; "
+                               "`current` was not moved to it")
+
+
+def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path) -> Path:
+    from hvd_ctsm import outputs
+
+    model = model_file(model_path)
+    if not model.is_file():
+        raise FileNotFoundError(2, "no model.pt here: pass a run folder or a model.pt", str(model))
+    report_path = Path(report_path)
+    report = json.loads(report_path.read_text())
+    check_report(report, model)
+    files = version_files(model, report, report_path)
+    registry = Path(registry)
+    outputs.check_not_an_input(registry, (model.parent, report_data_dir(report, report_path)))
+    registry.mkdir(parents=True, exist_ok=True)
+    if outputs.marker(registry) is None and not any(registry.glob("v[0-9]*")):
+        outputs.mark(registry, "registry")
     staging = Path(tempfile.mkdtemp(dir=registry, prefix=".staging-"))
     try:
         for name, src in files.items():
-            if src.exists():
-                shutil.copyfile(src, staging / name)
+            shutil.copyfile(src, staging / name)
         version = next_version(registry)
         os.replace(staging, registry / version)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    verify_version(registry / version, files)
     atomic_write_bytes(registry / "current", f"{version}\n".encode())
     return registry / version
 
@@ -89,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli() -> None:
-    sys.exit(main())
+    from hvd_ctsm.errors import run_cli
+
+    sys.exit(run_cli(main, "hvd_ctsm.deploy"))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from hvd_ctsm import distributed as dist
-from hvd_ctsm import faults
+from hvd_ctsm import faults, outputs
 from hvd_ctsm.data import split_url
 from hvd_ctsm.elastic import (GlobalOrder, RowGroupCache, SampleClock, announce_size,
                               check_elastic_config, epoch_batches, plan_or_fail, row_groups,
@@ -69,6 +69,7 @@ def run(cfg, init_from: str | None = None) -> dict:
         clock.samples = state.samples
         if dist.is_root() and run_.writer is None:
             out.mkdir(parents=True, exist_ok=True)
+            outputs.claim(out, "run")  # --overwrite may replace it later (hvd_ctsm.outputs)
             from torch.utils.tensorboard import SummaryWriter
 
             run_.writer = SummaryWriter(str(out / "tensorboard"))

@@ -19,7 +19,8 @@ from pathlib import Path
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import elastic_loop, faults, train
 from hvd_ctsm.config import ConfigError, config_from_argv, config_yaml
-from hvd_ctsm.train_support import check_launch, check_out_folder, note_restart
+from hvd_ctsm.run_folder import check_out_folder, check_resume_matches
+from hvd_ctsm.train_support import check_launch, note_restart
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     # An elastic job starts workers later too (replacements, rejoins): only the first rank 0
     # checks the run folder; the others join whatever run it holds.
     if not args.elastic or dist.launch_rank() == 0:
-        check_out_folder(Path(cfg.out), args.resume, args.overwrite)
+        check_out_folder(Path(cfg.out), args.resume, args.overwrite, cfg.data.path)
+        if args.resume:
+            check_resume_matches(Path(cfg.out), cfg)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if dist.restarted_by_launcher():
         note_restart(Path(cfg.out))
@@ -58,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli() -> None:
-    sys.exit(main())
+    from hvd_ctsm.errors import run_cli
+
+    sys.exit(run_cli(main, "hvd_ctsm.train"))
 
 
 if __name__ == "__main__":

@@ -163,6 +163,26 @@ def write_parquet_atomic(table, path: Path) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
+def check_score_file(out: Path, inputs) -> None:
+    """`out` may be written: not an input, not a folder, and if it exists, an earlier scores
+    file (our columns): replacing it must never cost anything else."""
+    import pyarrow.parquet as pq
+
+    from hvd_ctsm.outputs import UnsafeOutputError, check_not_an_input
+
+    check_not_an_input(out, inputs)
+    if out.is_dir():
+        raise UnsafeOutputError(f"{out} is a folder: --out names the Parquet file to write")
+    if out.exists():
+        try:
+            columns = tuple(pq.read_schema(out).names)
+        except Exception:  # noqa: BLE001  not Parquet at all
+            columns = ()
+        if columns != SCORE_COLUMNS:
+            raise UnsafeOutputError(f"refusing to replace {out}: it is not a scores file "
+                                    "written by hvd_ctsm.score; pick another --out")
+
+
 def summarize(records: list[tuple], clients: int, k: int) -> dict:
     per_client: dict[str, int] = {}
     for record in records:
@@ -182,11 +202,13 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
     t0 = time.perf_counter()
+    check_score_file(Path(out), (data, model_path))
+    split = scoring_split(data, split)
+    url = split_url(data, split)  # a damaged or incomplete dataset stops here
     state = load_state(resolve_model(model_path))
     items = load_vocab_items(data, state)
-    split = scoring_split(data, split)
     model = model_from_state(state)
-    with open_reader(split_url(data, split), 0, 1, seed=None, shuffle=False) as reader:
+    with open_reader(url, 0, 1, seed=None, shuffle=False) as reader:
         rows = list(reader)
     records = list(score_rows(model, rows, k, items))
     write_parquet_atomic(arrow_table(records), Path(out))
@@ -216,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli() -> None:
-    sys.exit(main())
+    from hvd_ctsm.errors import run_cli
+
+    sys.exit(run_cli(main, "hvd_ctsm.score"))
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ DEFAULT_CONF = {
 }
 
 
-def get_spark(master: str | None = "local[*]", app_name: str = "hvd_ctsm-features", **conf):
-    """Return the active SparkSession, or start one on `master` with DEFAULT_CONF plus `conf`.
+def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **conf):
+    """Return the active SparkSession, or start one with DEFAULT_CONF plus `conf`.
+
+    The master: `master` when given, else spark-submit's, else local[*] (resolve_master).
 
     Keys in `conf` may use underscores for dots (spark_sql_shuffle_partitions="4"). An active
     session is reused as is (only runtime settings in `conf` are applied to it), so a notebook's
@@ -43,6 +45,7 @@ def get_spark(master: str | None = "local[*]", app_name: str = "hvd_ctsm-feature
     # Python workers must run the interpreter of the driver (the virtual environment).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    master = resolve_master(master)
     builder = SparkSession.builder.appName(app_name)
     if master:  # None: leave it to spark-submit's --master
         builder = builder.master(master)
@@ -51,6 +54,20 @@ def get_spark(master: str | None = "local[*]", app_name: str = "hvd_ctsm-feature
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def under_spark_submit() -> bool:
+    """True inside a driver started by spark-submit (its JVM already holds the master)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def resolve_master(requested: str | None, local_default: str = "local[*]") -> str | None:
+    """The master to set on the builder: the one asked for; none under spark-submit (its
+    --master, or spark.master from spark-defaults.conf, wins); else `local_default`."""
+    if requested:
+        return requested
+    return None if under_spark_submit() else local_default
+
 
 
 def _key(name: str) -> str:

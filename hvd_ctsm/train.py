@@ -31,6 +31,7 @@ from hvd_ctsm.data import (EpochPlan, eval_batches, plan_epoch, prefetch, read_m
                            train_batches)
 from hvd_ctsm.evaluate import evaluate, model_scorer
 from hvd_ctsm.model import CTSM, ModelSizes
+from hvd_ctsm.outputs import claim
 from hvd_ctsm.train_support import (StepTimer, autocast_for, build_model_sizes, lr_scale,
                                     lr_schedule, progress_bar, restore, split_batch, warm_start)
 
@@ -198,6 +199,7 @@ def setup_run(cfg: TrainConfig, resume: bool, init_from: str | None) -> tuple[Ru
         torch.set_rng_state(position["rng"][dist.rank()])
     if dist.is_root():
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        claim(Path(cfg.out), "run")
         save_config(cfg, Path(cfg.out) / "config.yaml")
         from torch.utils.tensorboard import SummaryWriter
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
@@ -180,17 +179,6 @@ def split_batch(batch: dict, parts: int) -> list[dict]:
         part["target_row"] = part["target_row"] - lo
         out.append(part)
     return out
-
-
-def check_out_folder(out: Path, resume: bool, overwrite: bool) -> None:
-    """A new run never mixes its checkpoints and logs with an earlier run's."""
-    if resume or not out.exists() or not any(out.iterdir()):
-        return
-    if not overwrite:
-        raise SystemExit(f"error: {out} already holds a run: pass --resume to continue it or "
-                         "--overwrite to start afresh")
-    if dist.launch_rank() == 0:
-        shutil.rmtree(out)
 
 
 def note_restart(out: Path) -> None:

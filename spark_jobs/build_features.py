@@ -93,13 +93,29 @@ def _check_serving_rows(stats: dict, clients: int) -> None:
         raise RuntimeError(f"row accounting: {clients} clients but {rows} serving rows")
 
 
-def _write_splits(config, examples, stats: dict, stage: Path) -> tuple[dict, dict]:
+def input_paths(config: FeatureConfig) -> list[str]:
+    """Every file or folder the job reads: the output may not overlap any of them."""
+    paths = [config.client_attrs, config.item_attrs, config.previous_vocab]
+    if config.source_kind in ("events", "movielens"):
+        paths.append(config.source_spec)
+    return [p for p in paths if p]
+
+
+def _no_examples(name: str, counts: dict) -> ValueError:
+    rejected = {k: v for k, v in counts["rejected"].items() if v}
+    why = (f"{counts['used']} of {counts['input_rows']} input rows used, rejected by reason "
+           f"{rejected}" if rejected else f"{counts['used']} input rows used")
+    return ValueError(f"split {name!r} has no examples ({why}): too little data, bad cutoffs, "
+                      "or timestamps in a format the job does not read (unix seconds or ISO)")
+
+
+def _write_splits(config, examples, stats: dict, stage: Path, counts: dict) -> tuple[dict, dict]:
     names = list(sequences.unischema().fields)
     splits, skipped = {}, {}
     for name in OUTPUT_SPLITS:
         rows = stats[name]["rows"] if name in stats else 0
         if rows == 0:
-            raise ValueError(f"split {name!r} has no examples (too little data or bad cutoffs?)")
+            raise _no_examples(name, counts)
         data = examples.filter(F.col("split") == name).select(*names)
         groups = write.write_petastorm(data, stage / name, rows, config.row_groups)
         splits[name] = {
@@ -107,6 +123,7 @@ def _write_splits(config, examples, stats: dict, stage: Path) -> tuple[dict, dic
             "targets": int(stats[name]["targets"]),
             "row_groups": groups,
             "path": name,
+            "files": write.file_listing(stage / name),
         }
         if name in ("validation", "test"):
             skipped[name] = stats[f"{name}_skipped"]["rows"] if f"{name}_skipped" in stats else 0
@@ -140,7 +157,18 @@ def _metadata(config, counts, vocabulary, splits, skipped, seconds) -> dict:
 
 
 def build_features(spark, config: FeatureConfig) -> dict:
-    """Run the job in an existing SparkSession; returns the metadata (plus `out` and warnings)."""
+    """Run the job in an existing SparkSession; returns the metadata (plus `out` and warnings).
+
+    Any session will do (a notebook's too): its executors are checked first, and the settings
+    the job depends on (UTC parsing, shuffle partitions) apply while it runs."""
+    from spark_jobs.session import check_executors, job_settings
+
+    check_executors(spark)
+    with job_settings(spark):
+        return _build(spark, config)
+
+
+def _build(spark, config: FeatureConfig) -> dict:
     start = last = time.time()
     stages = {}
 
@@ -149,7 +177,7 @@ def build_features(spark, config: FeatureConfig) -> dict:
         stages[name], last = round(time.time() - last, 2), time.time()
 
     out = Path(config.out)
-    stage = write.staging_dir(out, config.overwrite)
+    stage = write.staging_dir(out, config.overwrite, "features", input_paths(config))
     counted = examples = None
     try:
         source = load_source(spark, config)
@@ -164,7 +192,7 @@ def build_features(spark, config: FeatureConfig) -> dict:
         stats = _split_stats(examples)
         _check_serving_rows(stats, counts["clients"])
         lap("examples")
-        splits, skipped = _write_splits(config, examples, stats, stage)
+        splits, skipped = _write_splits(config, examples, stats, stage, counts)
         write.write_atomic(stage / "vocab.json", vocab.vocab_bytes(vocabulary))
         lap("write")
         meta = _metadata(config, counts, vocabulary, splits, skipped, time.time() - start)
@@ -231,7 +259,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--previous-vocab", help="vocab.json of a previous run to extend")
     p.add_argument("--strict", action="store_true", help="fail instead of rejecting rows")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting")
     return p.parse_args(argv)
 
@@ -264,13 +292,13 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"hvd-ctsm-features: bad arguments: {err}", file=sys.stderr)
         return 2
-    from spark_jobs.session import get_spark
+    from spark_jobs.session import ExecutorPythonError, get_spark
 
     conf = dict(kv.split("=", 1) for kv in args.conf)
     spark = get_spark(master=args.master, **conf)
     try:
         summary = build_features(spark, config)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError, ExecutorPythonError) as err:
         print(f"hvd-ctsm-features: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
     print(summary_table(summary))

@@ -21,7 +21,6 @@ if __package__ in (None, ""):  # run as a script (spark-submit): make the packag
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 
@@ -187,11 +186,10 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"pipeline: bad arguments: {exc}", file=sys.stderr)
         return EXIT_BAD_ARGS
-    from spark_jobs.session import get_spark
+    from spark_jobs.session import get_spark, resolve_master
 
     # Under spark-submit the master comes from its --master (the JVM is already configured).
-    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
-    master = args.master or (None if under_submit else f"local[{cfg.num_proc}]")
+    master = resolve_master(args.master, local_default=f"local[{cfg.num_proc}]")
     spark = get_spark(master=master, app_name="hvd_ctsm-pipeline")
     return run_pipeline(spark, cfg)
 

@@ -51,36 +51,45 @@ def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str |
                overwrite: bool = False) -> dict:
     """Score every client of the split (default: scoring_split) on the cluster; write OUT
     (Parquet); return a summary (which names the split scored)."""
-    from petastorm.spark_utils import dataset_as_rdd
-
     from hvd_ctsm.checkpoint import load_state
     from hvd_ctsm.data import split_url
     from hvd_ctsm.score import ScoringError, load_vocab_items, resolve_model, scoring_split
+    from spark_jobs.session import check_executors, job_settings
 
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
     t0 = time.time()
-    path = resolve_model(model)
-    items = load_vocab_items(data, load_state(path))  # checks the model's checksum and vocab
     split = scoring_split(data, split)
+    split_url(data, split)  # a damaged or incomplete dataset stops here
+    path = resolve_model(model)
+    stage = write.staging_dir(Path(out), overwrite, "scores", (data, model))
+    try:
+        items = load_vocab_items(data, load_state(path))  # checks the model's checksum, vocab
+        check_executors(spark)
+        with job_settings(spark):
+            summary = _score_into(spark, stage, data, path, items, split, k)
+        write.publish(stage, Path(out))
+    except BaseException:
+        write.discard(stage)
+        raise
+    return summary | {"split": split, "out": str(out), "seconds": round(time.time() - t0, 2)}
+
+
+def _score_into(spark, stage: Path, data: str, path: Path, items: list, split: str, k: int):
+    """Score `split` of `data` into the folder `stage`; return the counts."""
+    from petastorm.spark_utils import dataset_as_rdd
+
+    from hvd_ctsm.data import split_url
+
     sc = spark.sparkContext
     scorer = _partition_scorer(sc.broadcast(path.read_bytes()), sc.broadcast(items), k)
     rows = dataset_as_rdd(split_url(data, split), spark)
     scores = spark.createDataFrame(rows.mapPartitions(scorer), OUTPUT_SCHEMA)
-    target = Path(out)
-    stage = write.staging_dir(target, overwrite)
-    try:
-        scores.write.mode("overwrite").parquet(str(stage.resolve()))
-        written = spark.read.parquet(str(stage.resolve()))
-        counts = written.groupBy("client_id").count()
-        summary = {"clients": rows.count(), "scored_clients": counts.count(),
-                   "rows": written.count(), "short": counts.filter(f"count < {k}").count(),
-                   "k": k}
-        write.publish(stage, target)
-    except BaseException:
-        write.discard(stage)
-        raise
-    return summary | {"split": split, "out": str(target), "seconds": round(time.time() - t0, 2)}
+    scores.write.mode("append").parquet(str(stage.resolve()))  # the stage holds our marker
+    written = spark.read.parquet(str(stage.resolve()))
+    counts = written.groupBy("client_id").count()
+    return {"clients": rows.count(), "scored_clients": counts.count(), "rows": written.count(),
+            "short": counts.filter(f"count < {k}").count(), "k": k}
 
 
 def main(argv=None) -> int:
@@ -92,16 +101,17 @@ def main(argv=None) -> int:
     p.add_argument("--split", default=None, choices=("serving", "test", "validation"),
                    help="rows to score from (default serving; test for older features)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     args = p.parse_args(argv)
+    from hvd_ctsm.data import DatasetError
     from hvd_ctsm.score import ScoringError
-    from spark_jobs.session import get_spark
+    from spark_jobs.session import ExecutorPythonError, get_spark
 
     spark = get_spark(master=args.master, app_name="hvd_ctsm-score")
     try:
         summary = score_topk(spark, args.data, args.model, args.out, args.k, args.split,
                              args.overwrite)
-    except (ScoringError, FileExistsError) as exc:
+    except (ScoringError, DatasetError, FileExistsError, ExecutorPythonError) as exc:
         print(f"score_topk: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(summary))

@@ -126,7 +126,11 @@ def movielens(spark, folder: str) -> Source:
 
 
 def read_table(spark, path: str) -> DataFrame:
-    """Parquet (file or folder) as typed; CSV with a header, every column read as a string."""
+    """Parquet (file or folder) as typed; CSV with a header, every column read as a string.
+
+    CSV is read as RFC 4180 records: a quoted field may hold separators and line breaks, and
+    a doubled quote inside one is a quote (Spark's defaults split such records into several
+    rows and keep backslash escapes instead)."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no such file or folder: {path}")
@@ -137,6 +141,9 @@ def read_table(spark, path: str) -> DataFrame:
             header=True,
             inferSchema=False,
             sep="\t" if p.suffix.lower() == ".tsv" else ",",
+            multiLine=True,
+            quote='"',
+            escape='"',
         )
     return spark.read.parquet(str(p.resolve()))
 

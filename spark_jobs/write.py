@@ -16,9 +16,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
+from hvd_ctsm import outputs
 from hvd_ctsm.atomic import atomic_write_bytes
 
 ROW_GROUP_SIZE_MB = 32  # big partitions get several row groups: more shards, never fewer
+
+
+# A total order of a split's rows: rows with equal keys are equal rows, so files hold the same
+# rows in the same order on every run.
+ROW_ORDER = ("client_id", "timestamp", "target_time")
 
 
 class OutputExistsError(FileExistsError):
@@ -33,25 +39,45 @@ def count_row_groups(path: str | Path) -> int:
 def write_petastorm(df: DataFrame, path: Path, n_rows: int, row_groups: int) -> int:
     """Write `df` (Unischema columns, already encoded) as a Petastorm dataset; return row groups.
 
-    Round-robin repartitioning deals each input partition's rows to consecutive files from a
-    random start, so an input partition with fewer rows than files can leave gaps: small splits are
-    first coalesced into one partition, which then fills every file. With fewer rows than
-    `row_groups` the split gets one row per file (all that is possible).
+    Deterministic: rows are sorted (ROW_ORDER), numbered, and file f gets the rows numbered
+    [f * n / files, (f + 1) * n / files), sorted again inside the file; files are then renamed
+    part-00000.parquet, ... So the same input gives the same files holding the same rows in the
+    same order (round-robin repartitioning dealt rows differently on every run). With fewer
+    rows than `row_groups` the split gets one row per file (all that is possible).
     """
     from petastorm.etl.dataset_metadata import materialize_dataset
 
     from spark_jobs.sequences import unischema
 
     files = max(1, min(row_groups, n_rows))
-    if n_rows < 2 * files * df.rdd.getNumPartitions():
-        df = df.coalesce(1)
     url = path.resolve().as_uri()
     with materialize_dataset(df.sparkSession, url, unischema(), ROW_GROUP_SIZE_MB):
-        df.repartition(files).write.mode("overwrite").parquet(url)
+        _placed(df, files, n_rows).write.mode("overwrite").parquet(url)
+        _stable_names(path)
     groups = count_row_groups(path)
     if groups < files:  # would leave Horovod ranks without rows: never publish that
         raise RuntimeError(f"{path.name}: wrote {groups} row groups, expected at least {files}")
     return groups
+
+
+def _placed(df: DataFrame, files: int, n_rows: int) -> DataFrame:
+    """`df` in `files` partitions, each a contiguous, sorted slice of the rows in ROW_ORDER."""
+    numbered = df.orderBy(*ROW_ORDER).rdd.zipWithIndex()
+    keyed = numbered.map(lambda pair: (pair[1] * files // n_rows, pair[0]))
+    placed = keyed.partitionBy(files, lambda f: f).values()
+    return df.sparkSession.createDataFrame(placed, df.schema).sortWithinPartitions(*ROW_ORDER)
+
+
+def _stable_names(path: Path) -> None:
+    """part-00003-<job uuid>-c000.snappy.parquet -> part-00003.parquet (same on every run)."""
+    for part in sorted(path.glob("part-*.parquet")):
+        part.rename(part.with_name(f"{part.name[:10]}.parquet"))
+
+
+def file_listing(path: Path) -> list[dict]:
+    """[{name, rows, bytes}] of a split's Parquet files, for readers to check (metadata.json)."""
+    return [{"name": f.name, "rows": pq.ParquetFile(f).metadata.num_rows,
+             "bytes": f.stat().st_size} for f in sorted(path.glob("*.parquet"))]
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -63,13 +89,22 @@ def write_json_atomic(path: Path, content: dict) -> None:
     write_atomic(path, (json.dumps(content, indent=1) + "\n").encode("utf-8"))
 
 
-def staging_dir(out: Path, overwrite: bool) -> Path:
-    """A fresh temporary sibling of `out` to build the whole output in (checked before work)."""
+def staging_dir(out: Path, overwrite: bool, kind: str = "features", inputs=()) -> Path:
+    """A fresh temporary sibling of `out` to build the whole output in (checked before work).
+
+    `out` must not overlap `inputs`; an existing `out` is replaced only with `overwrite` and only
+    when it is ours (hvd_ctsm.outputs). Temp folders of killed runs for the same `out` go first.
+    """
+    outputs.check_not_an_input(out, inputs)
     if out.exists() and not overwrite:
         raise OutputExistsError(f"output {out} exists; pass --overwrite to replace it")
+    if overwrite:
+        outputs.check_replaceable(out, kind, inputs)
     out.parent.mkdir(parents=True, exist_ok=True)
+    outputs.remove_stale_temps(out)
     stage = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
     stage.mkdir()
+    outputs.mark(stage, kind)
     return stage
 
 

@@ -4,6 +4,7 @@ Each is injected for real: main(argv) with the bad value, a real dataset with on
 two ranks, a real rank delayed (HVD_CTSM_INJECT_STEP_DELAY, test-only) under horovodrun.
 """
 
+import json
 import shutil
 import time
 
@@ -21,6 +22,7 @@ from hvd_ctsm.data import DatasetError
     ("epochs=abc", "epochs=abc has the wrong type: expected int"),
     ("optim.lrr=0.1", "unknown keys ['lrr']"),
     ("dist.op=max", "dist.op='max' is not one of ['adasum', 'average']"),
+    ("epochs=1.5", "epochs=1.5 has the wrong type: expected int"),
 ])
 def test_bad_config_stops_with_a_clear_error_before_any_worker(tmp_path, override, message):
     out = tmp_path / "run"
@@ -28,6 +30,20 @@ def test_bad_config_stops_with_a_clear_error_before_any_worker(tmp_path, overrid
         launch.main(["--data", str(tmp_path / "data"), "--out", str(out), override])
     assert str(stop.value).startswith("error: config: ") and message in str(stop.value)
     assert not out.exists()  # nothing started: no run folder, no Horovod
+
+
+def test_resume_with_another_model_shape_stops_in_one_line(tmp_path):
+    from hvd_ctsm.config import load_config, save_config
+
+    out = tmp_path / "run"
+    out.mkdir()
+    save_config(load_config(None, ["model.dim=32"]), out / "config.yaml")
+    with pytest.raises(SystemExit) as stop:
+        launch.main(["--data", str(tmp_path / "data"), "--out", str(out), "--resume",
+                    "model.dim=16"])
+    message = str(stop.value)
+    assert message.startswith("error: --resume: ") and "\n" not in message
+    assert "model.dim=32" in message and "model.dim=16" in message
 
 
 def test_a_missing_dataset_names_the_fix(tmp_path):
@@ -46,6 +62,10 @@ def test_an_empty_shard_stops_every_rank_with_a_clear_error_no_hang(tiny_feature
     parts = sorted((data / "train").glob("part-*.parquet"))
     for extra in parts[1:]:
         extra.unlink()
+    # As if built with --row-groups 1: the file listing says so (else the file check stops it).
+    meta = json.loads((data / "metadata.json").read_text())
+    meta["splits"]["train"]["files"] = meta["splits"]["train"]["files"][:1]
+    (data / "metadata.json").write_text(json.dumps(meta))
     t0 = time.monotonic()
     proc = fl.run(fl.trainer_cmd(data, tmp_path / "run", np_=2), timeout=180, check=False)
     seconds = time.monotonic() - t0

@@ -1,0 +1,61 @@
+"""One error style for every command: one line naming the problem and the fix, distinct exit codes.
+
+Exit codes (every `python -m hvd_ctsm.*` command):
+    0  done
+    1  refused: a gate failed (backtest, gate) or deploy refused the model; nothing is wrong with
+       the inputs
+    2  bad arguments or input: a missing or damaged dataset or model, a malformed gate, an output
+       that may not be written; the message names the fix
+    3  crashed: a bug or an environment problem; rerun with --debug for the traceback
+(The Spark pipeline keeps its own: 1 a step failed, 2 bad arguments, 3 the gate refused.)
+`--debug` anywhere on a command line shows the full traceback instead of the one line.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
+
+
+def _bad_input_types() -> tuple[type[BaseException], ...]:
+    return (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError,
+            IsADirectoryError)
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception as one line, with the fix for the usual file-system causes."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, PermissionError):
+        return f"cannot write or read {exc.filename or ''}: permission denied; pick a path " \
+               "you can write to (or fix its permissions)"
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return f"{exc.filename} not found; check the path"
+    if isinstance(exc, KeyError):
+        return f"missing field {text} in an input file; is it the right file?"
+    return text
+
+
+def run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None = None) -> int:
+    """Run `main(argv)`: exit code from it, or one line on stderr and 2 (bad input, permission)
+    or 3 (anything else). `--debug` in argv lets the traceback through."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    if debug:
+        return main(argv)
+    try:
+        return main(argv)
+    except (PermissionError, *_bad_input_types()) as exc:
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SystemExit as stop:  # SystemExit("error: ...") is a message for the user
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+            return EXIT_BAD_INPUT
+        raise
+    except Exception as exc:  # noqa: BLE001  one line; --debug shows the traceback
+        print(f"{prog}: crashed: {type(exc).__name__}: {one_line(exc)} (rerun with --debug for "
+              "the traceback)", file=sys.stderr)
+        return EXIT_CRASH

@@ -1,0 +1,127 @@
+"""Output folders we own: a marker file in each, and the rules for replacing one.
+
+Every folder the project writes (feature datasets, training runs, Spark score folders, the model
+registry) holds MARKER, a small JSON file naming its kind. `--overwrite` removes a folder only when
+it holds our marker of the same kind and does not hold, and is not inside, one of the command's
+inputs: a mistyped `--out` must never cost data we did not create. Standard library only (the
+Spark job imports it without torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+MARKER = ".hvd_ctsm-output.json"
+KINDS = ("features", "run", "scores", "registry")
+STALE_ELSEWHERE_S = 24 * 3600  # a temp folder of another host's job is stale after a day
+
+
+class UnsafeOutputError(FileExistsError):
+    """Writing or replacing this output could destroy data we did not create."""
+
+
+def mark(folder: str | Path, kind: str) -> None:
+    """Claim `folder` (which must exist) as an output of `kind` written by this process."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown output kind {kind!r}")
+    record = {"kind": kind, "host": socket.gethostname(), "pid": os.getpid(),
+              "created": round(time.time(), 3)}
+    (Path(folder) / MARKER).write_text(json.dumps(record) + "\n")
+
+
+def claim(folder: str | Path, kind: str) -> None:
+    """Create `folder` if needed and mark it ours, unless it already holds a marker."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    if marker(folder) is None:
+        mark(folder, kind)
+
+
+def marker(folder: str | Path) -> dict | None:
+    """The marker record of `folder`, or None when it has none (or an unreadable one)."""
+    try:
+        record = json.loads((Path(folder) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _overlaps(out: Path, source: Path) -> bool:
+    """True when `out` is `source`, holds it, or lies inside it."""
+    return out == source or out in source.parents or source in out.parents
+
+
+def check_not_an_input(out: str | Path, inputs: Iterable[str | Path | None]) -> None:
+    """Refuse an output that is, holds or lies inside one of the command's inputs."""
+    target = Path(out).resolve()
+    for source in filter(None, inputs):
+        if _overlaps(target, Path(source).resolve()):
+            raise UnsafeOutputError(
+                f"refusing to write {out}: it is, holds or lies inside the input {source}; "
+                "pick an --out outside every input")
+
+
+def check_replaceable(out: str | Path, kind: str, inputs: Iterable[str | Path | None] = ()) -> None:
+    """Stop unless `out` may be (re)written: absent or empty, or ours of the same kind."""
+    check_not_an_input(out, inputs)
+    out = Path(out)
+    if not out.exists() or (out.is_dir() and is_empty(out)):
+        return
+    record = marker(out)
+    if record is None:
+        raise UnsafeOutputError(
+            f"refusing to overwrite {out}: it was not written by hvd_ctsm (no {MARKER} in it); "
+            "pick another --out, or remove the folder yourself if it is really disposable")
+    if record.get("kind") != kind:
+        raise UnsafeOutputError(
+            f"refusing to overwrite {out}: it holds hvd_ctsm {record.get('kind')} output, not "
+            f"{kind}; pick another --out")
+
+
+def is_empty(folder: Path) -> bool:
+    """Absent or without entries (another rank may be removing it right now)."""
+    try:
+        return not any(Path(folder).iterdir())
+    except FileNotFoundError:
+        return True
+
+
+def remove_ours(folder: Path) -> None:
+    """Remove a folder check_replaceable allowed, its marker last: other ranks checking it
+    meanwhile still see it as ours until nothing else is left."""
+    for child in Path(folder).iterdir():
+        if child.name != MARKER:
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    shutil.rmtree(folder)
+
+
+def _still_running(record: dict) -> bool:
+    """Whether the process that wrote `record` may still be working (this host only)."""
+    if record.get("host") != socket.gethostname():  # cannot ask another host: trust a day
+        return time.time() - float(record.get("created", 0)) < STALE_ELSEWHERE_S
+    try:
+        os.kill(int(record.get("pid", -1)), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def remove_stale_temps(out: str | Path) -> list[Path]:
+    """Remove `.OUT.tmp-*` / `.OUT.old-*` siblings left by killed jobs for the same OUT.
+
+    Only folders holding our marker whose writer is no longer running are removed: a concurrent
+    job's stage and anything we did not create stay."""
+    out = Path(out)
+    removed = []
+    for pattern in (f".{out.name}.tmp-*", f".{out.name}.old-*"):
+        for stale in sorted(out.parent.glob(pattern)):
+            record = marker(stale)
+            if stale.is_dir() and record is not None and not _still_running(record):
+                shutil.rmtree(stale, ignore_errors=True)
+                removed.append(stale)
+    return removed

@@ -1,0 +1,47 @@
+"""The trainer's run folder: what --overwrite may remove and what --resume may continue.
+
+Checked in `main`, before any worker starts Horovod and before the folder is created.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hvd_ctsm import outputs
+from hvd_ctsm.config import TrainConfig, to_dict
+from hvd_ctsm.distributed.base import launch_rank
+
+
+def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str) -> None:
+    """A new run never mixes its checkpoints and logs with an earlier run's, and --overwrite
+    removes only a run folder we wrote (hvd_ctsm.outputs), never the dataset or a folder
+    holding it."""
+    try:
+        outputs.check_not_an_input(out, [data])
+        if resume or outputs.is_empty(out):
+            return
+        if not overwrite:
+            raise SystemExit(f"error: {out} already holds a run: pass --resume to continue it "
+                             "or --overwrite to start afresh")
+        outputs.check_replaceable(out, "run", [data])
+    except outputs.UnsafeOutputError as exc:
+        raise SystemExit(f"error: {exc}") from exc
+    if launch_rank() == 0:  # every rank checks; one removes
+        outputs.remove_ours(out)
+
+
+def check_resume_matches(out: Path, cfg: TrainConfig) -> None:
+    """--resume continues the same model: another model shape would fail deep inside loading."""
+    import yaml
+
+    saved = out / "config.yaml"
+    if not saved.exists():
+        return
+    before = (yaml.safe_load(saved.read_text()) or {}).get("model", {})
+    now = to_dict(cfg)["model"]
+    changed = sorted(k for k in now if k in before and before[k] != now[k])
+    if changed:
+        was = ", ".join(f"model.{k}={before[k]}" for k in changed)
+        asked = ", ".join(f"model.{k}={now[k]}" for k in changed)
+        raise SystemExit(f"error: --resume: {out} holds a run with {was}, this command asks "
+                         f"{asked}: drop those overrides to resume it, or train into a new --out")

@@ -1,0 +1,68 @@
+"""The feature job on input a real user has: RFC 4180 CSV, a notebook session in another time
+zone, and the same input twice (same files, same rows in them). Real local Spark."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from spark_jobs.build_features import build_features
+from spark_jobs.config import FeatureConfig, parse_time
+
+pytestmark = pytest.mark.spark
+
+ZOE = 'Zoë, "the" client'
+MULTI = "two\nlines"
+
+
+def rfc4180_csv(path: Path) -> None:
+    """2 clients x 4 events; one id has a comma and doubled quotes, one a line break."""
+    lines = ["client_id,item_id,timestamp,event_type,value"]
+    for client in ('"Zoë, ""the"" client"', '"two\nlines"'):
+        for day in range(1, 5):
+            lines.append(f"{client},i{day},2020-01-0{day}T12:00:00,purchase,")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def serving_rows(out: Path) -> dict:
+    table = pq.read_table(out / "serving", columns=["client_id", "timestamp"]).to_pylist()
+    return {r["client_id"]: r["timestamp"] for r in table}
+
+
+def test_rfc4180_csv_in_a_session_of_another_time_zone(spark, tmp_path):
+    from hvd_ctsm.npy_codec import decode_npy
+
+    events = tmp_path / "events.csv"
+    rfc4180_csv(events)
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")  # a notebook's own zone
+    try:
+        meta = build_features(spark, FeatureConfig(source=f"events:{events}",
+                                                   out=str(tmp_path / "out"), row_groups=1))
+        assert spark.conf.get("spark.sql.session.timeZone") == "America/New_York"  # restored
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+    counts = meta["counts"]
+    assert counts["input_rows"] == 8 and counts["used"] == 8  # records, not physical lines
+    assert sum(counts["rejected"].values()) == 0 and counts["clients"] == 2
+    rows = serving_rows(tmp_path / "out")
+    assert set(rows) == {ZOE, MULTI}
+    first = decode_npy(rows[ZOE])[0]
+    assert first == parse_time("2020-01-01T12:00:00")  # ISO without a zone is UTC
+
+
+def test_two_identical_runs_write_identical_files(spark, tmp_path):
+    source = "synthetic:clients=80,items=40,events=2500,seed=9"
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        build_features(spark, FeatureConfig(source=source, out=str(out), max_len=12,
+                                            row_groups=4, max_timestamp=2_000_000_000))
+    metas = [json.loads((out / "metadata.json").read_text()) for out in outs]
+    for name, split in metas[0]["splits"].items():
+        assert split["files"] == metas[1]["splits"][name]["files"]  # names, rows, bytes
+        names = [f["name"] for f in split["files"]]
+        assert names == [f"part-{i:05d}.parquet" for i in range(len(names))]
+        for file in names:
+            assert (outs[0] / name / file).read_bytes() == (outs[1] / name / file).read_bytes()
