@@ -18,8 +18,8 @@ from hvd_ctsm.data import split_url
 from hvd_ctsm.elastic import (GlobalOrder, RowGroupCache, SampleClock, announce_size,
                               check_elastic_config, epoch_batches, plan_or_fail, row_groups,
                               set_lr_scale)
-from hvd_ctsm.train import (Run, log_training, optimizer_step, parameter_checksum, save_final_model,
-                            start_rank, validate)
+from hvd_ctsm.train import (Run, log_training, no_longer_improving, optimizer_step,
+                            parameter_checksum, save_final_model, start_rank, validate)
 from hvd_ctsm.train_support import autocast_for, lr_scale, lr_schedule, progress_bar, warm_start
 
 
@@ -52,7 +52,8 @@ def run(cfg, init_from: str | None = None) -> dict:
     autocast, scaler = autocast_for(cfg.amp, run_.device)
     started = time.time()
     state = dist.elastic_state(run_.model, run_.optimizer, epoch=0, rows=0, step=0, samples=0,
-                               size=dist.size(), best={"ndcg@10": float("-inf")}, history=[])
+                               size=dist.size(), best={"ndcg@10": float("-inf")}, history=[],
+                               best_weights=None)
 
     def commit(state) -> None:
         if dist.is_root():
@@ -73,7 +74,7 @@ def run(cfg, init_from: str | None = None) -> dict:
             from torch.utils.tensorboard import SummaryWriter
 
             run_.writer = SummaryWriter(str(out / "tensorboard"))
-        while state.epoch < cfg.epochs:
+        while state.epoch < cfg.epochs and not no_longer_improving(cfg, state.best, state.epoch):
             order = GlobalOrder(groups, cfg.seed, state.epoch)
             for rows, batch_ in epoch_batches(order, cache, state.rows, batch,
                                               run_.model.sizes.max_len):
@@ -94,6 +95,9 @@ def run(cfg, init_from: str | None = None) -> dict:
                "effective_batch": run_.effective_batch, "best": state.best,
                "validation": state.history[-1] if state.history else None,
                "parameter_checksums": checksums}
+    if state.best_weights is not None:  # model.pt is the best validated model, not the last
+        run_.model.load_state_dict(state.best_weights)
+        summary["model_epoch"] = state.best["epoch"]
     if dist.is_root():
         save_final_model(out, run_.model, cfg, run_.meta, summary)
         run_.writer.close()
@@ -113,6 +117,9 @@ def end_epoch(state, run_: Run, out: Path) -> None:
         state.history = [*state.history, record]
         if metrics["full"]["ndcg@10"] > state.best["ndcg@10"]:
             state.best = {"ndcg@10": metrics["full"]["ndcg@10"], "epoch": epoch}
+            # A copy on every rank (the models are equal): a new rank gets it with the state.
+            state.best_weights = {k: v.detach().cpu().clone()
+                                  for k, v in run_.model.state_dict().items()}
         if dist.is_root():
             log_validation(run_.writer, metrics, state.step, out, record)
     state.epoch, state.rows = epoch, 0
