@@ -23,7 +23,7 @@ import torch
 
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import load_state
-from hvd_ctsm.data import eval_batches, read_metadata, split_url
+from hvd_ctsm.data import check_same_vocabulary, eval_batches, read_metadata, split_url
 from hvd_ctsm.evaluate import Popularity, evaluate, model_scorer
 from hvd_ctsm.model import CTSM
 
@@ -78,8 +78,8 @@ def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) ->
 def evaluate_model(data: str, meta: dict, model_path: str, split: str, seed: int):
     """One saved model's EvalResult on a split of `data` (whose vocabulary it must share)."""
     model, state = load_model(model_path)
-    if state.get("vocab_sha256") != meta.get("vocab_sha256", ""):
-        raise ValueError(f"{model_path} was trained on another vocabulary than {data}")
+    check_same_vocabulary(state, meta, model_path, data,
+                          "backtest on the features it was trained on (or retrain)")
     batches = eval_batches(split_url(data, split), 0, 1, 256, int(meta["max_len"]))
     return evaluate(batches, model_scorer(model, torch.device("cpu")),
                     int(meta["vocab"]["items"]), seed=seed)

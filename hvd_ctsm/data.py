@@ -38,6 +38,13 @@ class DatasetError(ValueError):
     """The dataset cannot be trained on; the message says why and what to do."""
 
 
+def check_same_vocabulary(state: dict, meta: dict, what: str, data, fix: str) -> None:
+    """A saved model or checkpoint (`state`) indexes items as the dataset (`meta`) does: the
+    same vocab.json bytes. The one check every reader of a model.pt or checkpoint makes."""
+    if state.get("vocab_sha256") != meta.get("vocab_sha256", ""):
+        raise DatasetError(f"{what} was trained on another vocabulary than {data}: {fix}")
+
+
 def read_metadata(data_dir: str | Path) -> dict:
     """metadata.json of a feature dataset, its schema version checked."""
     path = Path(data_dir) / "metadata.json"

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hvd_ctsm.data import DatasetError
 from hvd_ctsm.schema import SERVING_SPLIT
 
 SCORE_COLUMNS = ("client_id", "rank", "item_id", "item", "score", "p_sale")
@@ -57,12 +58,10 @@ def resolve_model(path: str | Path) -> Path:
 
 def load_vocab_items(data: str | Path, model_state: dict) -> list[str]:
     """Raw item ids by index, from the dataset's vocab.json, checked against the model's."""
-    from hvd_ctsm.data import read_metadata
+    from hvd_ctsm.data import check_same_vocabulary, read_metadata
 
-    meta = read_metadata(data)
-    if model_state.get("vocab_sha256") != meta.get("vocab_sha256", ""):
-        raise ScoringError(f"the model was trained on another vocabulary than {data}: score "
-                           "with the features it was trained on (or retrain)")
+    check_same_vocabulary(model_state, read_metadata(data), "the model", data,
+                          "score with the features it was trained on (or retrain)")
     return json.loads((Path(data) / "vocab.json").read_text())["items"]
 
 
@@ -228,13 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         summary = score_dataset(args.data, args.model, args.out, args.k, args.split)
-    except ScoringError as exc:
-        print(f"hvd_ctsm.score: {exc}", file=sys.stderr)
-        return 1
+    except (ScoringError, DatasetError) as exc:  # bad input: one line, exit 2 (hvd_ctsm.errors)
+        print(f"hvd_ctsm.score: error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(summary))
     return 0
-
-
 
 
 def cli() -> None:

@@ -17,7 +17,7 @@ from hvd_ctsm import distributed as dist
 from hvd_ctsm import faults
 from hvd_ctsm.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.config import OptimConfig, TrainConfig
-from hvd_ctsm.data import model_sizes_kwargs
+from hvd_ctsm.data import check_same_vocabulary, model_sizes_kwargs
 from hvd_ctsm.model import ModelSizes
 
 log = logging.getLogger("hvd_ctsm.train")
@@ -127,9 +127,8 @@ def restore(checkpoints: CheckpointManager, model, optimizer, scheduler, meta: d
     if state is None:
         log.warning("--resume: no checkpoint in %s, starting from scratch", checkpoints.folder)
         return None
-    if state.get("vocab_sha256") != meta.get("vocab_sha256", ""):
-        raise ValueError("--resume: the checkpoint was trained on another vocabulary; use "
-                         "--init-from to warm-start on a new dataset instead")
+    check_same_vocabulary(state, meta, "--resume: the checkpoint", "this dataset",
+                          "use --init-from to warm-start on a new dataset instead")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])

@@ -131,5 +131,6 @@ def test_scoring_refuses_a_model_of_another_vocabulary(tiny_features, model_run,
     meta["vocab_sha256"] = "0" * 64
     (data / "metadata.json").write_text(json.dumps(meta))
     out = tmp_path / "scores.parquet"
-    assert score.main(["--data", str(data), "--model", str(model_run), "--out", str(out)]) == 1
+    # bad input (exit 2, hvd_ctsm.errors): one line, nothing written
+    assert score.main(["--data", str(data), "--model", str(model_run), "--out", str(out)]) == 2
     assert not out.exists()
