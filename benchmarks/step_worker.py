@@ -69,10 +69,10 @@ class Backend:
     def __init__(self, kind: str):
         self.kind = kind
         self.rank, self.size, self.sleeping_wait = 0, 1, None
-        if kind == "horovod":
-            from hvd_ctsm import distributed
+        if kind == "horovod":  # the trainer's Horovod calls, module-level as in the trainer
+            from hvd_ctsm.distributed import horovod_backend
 
-            self.dist = distributed
+            self.dist = horovod_backend
         elif kind == "ddp":
             torch.distributed.init_process_group("gloo")
             self.rank, self.size = torch.distributed.get_rank(), torch.distributed.get_world_size()
