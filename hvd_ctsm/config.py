@@ -161,7 +161,7 @@ class DistConfig:
 class TrainConfig:
     out: str = "runs/train"
     """Run folder: checkpoints/, tensorboard/, config.yaml, metrics.jsonl, model.pt."""
-    epochs: int = 60
+    epochs: int = 100
     """Passes over the training split (at most: see early_stop_evals)."""
     seed: int = 0
     """Seeds parameters (rank 0's are broadcast), sampling and the data order."""
