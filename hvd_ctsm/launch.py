@@ -7,7 +7,8 @@
 
 Every route (horovodrun, elastic, horovod.spark, the CLI) runs `main(argv)`; it lives apart from
 hvd_ctsm.train because it picks between train.train and elastic_loop.run, and the elastic loop is
-built from train's parts: train.py cannot import it back without a cycle.
+built from train's parts: hvd_ctsm.train cannot import it back without a cycle
+(`python -m hvd_ctsm.train` runs hvd_ctsm/train/__main__.py, which calls `cli`).
 """
 
 from __future__ import annotations

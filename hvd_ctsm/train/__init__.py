@@ -326,8 +326,3 @@ def log_validation(writer, metrics: dict, step: int, out: Path, record: dict) ->
              record["epoch"], metrics["full"]["ndcg@10"], metrics["full"]["hr@10"],
              metrics["sampled"]["ndcg@10"], metrics["sampled"]["hr@10"])
 
-
-if __name__ == "__main__":  # `python -m hvd_ctsm.train`: the program lives in hvd_ctsm.launch
-    from hvd_ctsm.launch import cli
-
-    cli()
