@@ -72,6 +72,8 @@ class ModelConfig:
     side_features: bool = True
     """Feed the event type, value, time gap and client attributes besides the item and its
     position (False: items and positions only, as SASRec)."""
+    item_bias: bool = True
+    """Learn a per-item score bias (popularity) besides the dot product with the client state."""
     loss: str = "full"
     """Next-item loss: 'full' softmax, 'sampled' softmax or 'bce' with sampled negatives."""
     negatives: int = 100

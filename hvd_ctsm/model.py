@@ -152,10 +152,11 @@ class NextItemHead(nn.Module):
     uniformly sampled items; 'bce' binary loss of the target against `negatives` sampled items.
     """
 
-    def __init__(self, encoder: TemporalEncoder, loss: str, negatives: int):
+    def __init__(self, encoder: TemporalEncoder, loss: str, negatives: int, item_bias=True):
         super().__init__()
         self.encoder = [encoder]  # a list: share the embedding without registering it twice
-        self.bias = nn.Parameter(torch.zeros(encoder.item.num_embeddings))
+        # Without item_bias the vector stays zero (same state keys, so checkpoints load either way).
+        self.bias = nn.Parameter(torch.zeros(encoder.item.num_embeddings), requires_grad=item_bias)
         self.loss_kind, self.negatives = loss, negatives
 
     def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -213,7 +214,7 @@ HEADS = {"next_item": NextItemHead, "sale": SaleHead}
 
 
 # Architecture settings of models saved before they existed: such a model.pt is rebuilt as it was.
-LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True}
+LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias": True}
 
 
 class CTSM(nn.Module):
@@ -221,12 +222,12 @@ class CTSM(nn.Module):
 
     def __init__(self, sizes: ModelSizes, dim=64, layers=2, heads=2, dropout=0.2,
                  loss="full", negatives=100, head_names=("next_item", "sale"),
-                 block="residual", ff_mult=4, side_features=True):
+                 block="residual", ff_mult=4, side_features=True, item_bias=True):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
                                        side_features)
-        built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives),
+        built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias),
                  "sale": lambda: SaleHead(self.encoder, dim)}
         unknown = set(head_names) - set(built)
         if unknown:

@@ -128,3 +128,20 @@ def test_score_and_recommend():
 def test_unknown_head_is_refused():
     with pytest.raises(ValueError, match="unknown heads"):
         CTSM(SIZES, head_names=("next_item", "churn"))
+
+
+def test_without_item_bias_the_bias_stays_zero_and_the_state_keys_match():
+    torch.manual_seed(0)
+    m = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0, item_bias=False)
+    batch, _ = make_batch()
+    batch |= {"target_row": torch.tensor([0, 1]), "target_pos": torch.tensor([3, 6]),
+              "target_item": torch.tensor([4, 9]), "target_label": torch.tensor([1.0, 0.0]),
+              "target_log_dt": torch.tensor([0.5, 0.1])}
+    opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        sum(m(batch).values()).backward()
+        opt.step()
+    assert torch.count_nonzero(m.heads["next_item"].bias) == 0
+    with_bias = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0)
+    assert m.state_dict().keys() == with_bias.state_dict().keys()
