@@ -45,12 +45,18 @@ class DataConfig:
     read_ahead_steps: int = 4
     """Open the next epoch's reader this many optimizer steps before the current epoch ends, so
     its shuffle buffer fills while they train (0: when the epoch ends)."""
+    balance: str = "rows"
+    """How a rank fills a batch: 'rows' (batch_size rows) or 'targets' (rows until a target
+    budget is reached, the same on every rank, so that ranks do about the same work per step
+    and wait less for each other at the allreduce; about batch_size rows on average). The plain
+    route only: elastic runs batch by rows."""
 
     def __post_init__(self):
         _check(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
         _check(self.prefetch_batches >= 0, "data.prefetch_batches must be >= 0")
         _check(self.read_ahead_steps >= 0, "data.read_ahead_steps must be >= 0")
         _check(self.shuffle_buffer >= 0, "data.shuffle_buffer must be >= 0")
+        _one_of("data.balance", self.balance, {"rows", "targets"})
 
 
 @dataclass

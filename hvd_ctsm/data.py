@@ -2,7 +2,9 @@
 
 Petastorm shards by row group (row group i goes to rank i % size). Ranks must run the same number
 of steps or the allreduce hangs, so the plan is made from the Parquet footers before training:
-every rank takes min(rows in any shard) // batch_size batches per epoch. Row groups and rows are
+every rank takes min(rows in any shard) // batch_size batches per epoch. With balance='targets'
+a batch is the next rows up to a target budget instead of batch_size rows: the work of a step
+(the heads score every target) is then about the same on every rank. Row groups and rows are
 shuffled with seeds derived from (seed, epoch), so the order is reproducible and a resumed run
 skips exactly the batches it already trained on.
 """
@@ -147,19 +149,60 @@ def shard_rows(url: str, size: int) -> list[int]:
     return [sum(sizes[r::size]) for r in range(size)]
 
 
+def shard_target_counts(url: str, size: int) -> list[np.ndarray]:
+    """Targets of every row, shard by shard (only the target_pos column is read)."""
+    from petastorm import make_reader
+
+    counts = []
+    for rank in range(size):
+        with make_reader(url, schema_fields=["target_pos"], cur_shard=rank, shard_count=size,
+                         num_epochs=1, shuffle_row_groups=False,
+                         reader_pool_type="dummy") as reader:
+            counts.append(np.array([len(row.target_pos) for row in reader], np.int64))
+    return counts
+
+
 @dataclass
 class EpochPlan:
     steps: int  # batches per rank per epoch, the same on every rank
     rows_per_shard: list[int]
+    target_budget: int = 0  # balance='targets': a batch's rows hold at least this many targets
+    targets_per_shard: list[int] | None = None
 
 
-def plan_epoch(url: str, size: int, batch_size: int) -> EpochPlan:
+def plan_epoch(url: str, size: int, batch_size: int, balance: str = "rows") -> EpochPlan:
     rows = shard_rows(url, size)
     steps = min(rows) // batch_size
     if steps == 0:
         raise DatasetError(f"the smallest shard of {url} has {min(rows)} rows, less than one "
                            f"batch of {batch_size}: lower data.batch_size or use fewer ranks")
-    return EpochPlan(steps=steps, rows_per_shard=rows)
+    if balance == "rows":
+        return EpochPlan(steps=steps, rows_per_shard=rows)
+    counts = shard_target_counts(url, size)
+    totals = [int(c.sum()) for c in counts]
+    largest_row = max(int(c.max()) for c in counts)
+    # A batch closes once it holds >= budget targets, so it uses < budget + largest_row of them:
+    # with this budget every shard has enough targets for `steps` batches in any order.
+    budget = min(totals) // steps - largest_row
+    if budget < 1:
+        raise DatasetError(f"{url}: too few targets per shard for data.balance=targets with "
+                           f"{steps} steps per epoch: use data.balance=rows")
+    return EpochPlan(steps=steps, rows_per_shard=rows, target_budget=budget,
+                     targets_per_shard=totals)
+
+
+def _next_batch(rows: Iterator, batch_size: int, target_budget: int) -> list:
+    """The next batch_size rows, or with a target budget the next rows holding >= budget
+    targets."""
+    if not target_budget:
+        return list(itertools.islice(rows, batch_size))
+    chunk, targets = [], 0
+    for row in rows:
+        chunk.append(row)
+        targets += len(row.target_pos)
+        if targets >= target_budget:
+            return chunk
+    return []  # ran out
 
 
 def collate(rows: list, max_len: int) -> dict[str, torch.Tensor]:
@@ -235,8 +278,8 @@ def train_batches(url: str, rank: int, size: int, epoch: int, plan: EpochPlan, b
     with open_reader(url, rank, size, epoch_seed, shuffle=True) as reader:
         rows = _shuffled(iter(reader), shuffle_buffer, rng)
         for step in range(plan.steps):
-            chunk = list(itertools.islice(rows, batch_size))
-            if len(chunk) < batch_size:
+            chunk = _next_batch(rows, batch_size, plan.target_budget)
+            if not chunk or (len(chunk) < batch_size and not plan.target_budget):
                 raise DatasetError(f"rank {rank}: shard of {url} ran out after {step} batches, "
                                    f"{plan.steps} were planned: the dataset changed under the run?")
             if step >= skip:

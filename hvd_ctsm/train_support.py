@@ -16,7 +16,7 @@ import torch
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import faults
 from hvd_ctsm.checkpoint import CheckpointManager, load_state
-from hvd_ctsm.config import OptimConfig, TrainConfig
+from hvd_ctsm.config import ConfigError, OptimConfig, TrainConfig
 from hvd_ctsm.data import check_same_vocabulary, model_sizes_kwargs
 from hvd_ctsm.model import ModelSizes
 
@@ -196,3 +196,6 @@ def check_launch(cfg: TrainConfig, args) -> None:
         raise dist.BackendError("--elastic is Elastic Horovod (horovodrun); with torchrun use "
                                 "--max-restarts N: restarted workers resume from the latest "
                                 "checkpoint")
+    if args.elastic and cfg.data.balance != "rows":
+        raise ConfigError("data.balance=targets is for the plain route; --elastic batches "
+                                "by rows: drop the setting or --elastic")

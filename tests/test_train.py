@@ -94,6 +94,7 @@ def test_a_dataset_of_another_schema_version_stops_before_training(tiny_features
     ("gloo", ["dist.backward_passes_per_step=2", "dist.compression=fp16",
               "dist.fusion_threshold_mb=1", "dist.cycle_time_ms=5", "data.batch_size=8"]),
     ("mpi", ["dist.op=adasum"]),
+    ("gloo", ["data.balance=targets"]),
 ])
 def test_distributed_knobs_train_in_sync(tiny_features, tmp_path, transport, knobs):
     out = tmp_path / "run"

@@ -174,7 +174,8 @@ def setup_run(cfg: TrainConfig, resume: bool, init_from: str | None) -> tuple[Ru
     """Model, optimizer and schedule on every rank, started from rank 0's state."""
     meta, device, model = start_rank(cfg)
     micro = cfg.dist.backward_passes_per_step
-    plan = plan_epoch(split_url(cfg.data.path, "train"), dist.size(), cfg.data.batch_size * micro)
+    plan = plan_epoch(split_url(cfg.data.path, "train"), dist.size(), cfg.data.batch_size * micro,
+                      cfg.data.balance)
     total_steps = plan.steps * cfg.epochs
     effective_batch = cfg.data.batch_size * dist.size() * micro
     scale = lr_scale(cfg.optim, effective_batch)
@@ -207,6 +208,9 @@ def setup_run(cfg: TrainConfig, resume: bool, init_from: str | None) -> tuple[Ru
         log.info("backend=%s ranks=%d steps/epoch=%d (shard rows %s) effective batch=%d "
                  "lr x%.3g", run.backend.name, dist.size(), plan.steps, plan.rows_per_shard,
                  effective_batch, scale)
+        if plan.target_budget:
+            log.info("batches balanced by targets: >= %d per batch (shard targets %s)",
+                     plan.target_budget, plan.targets_per_shard)
     return run, position
 
 
