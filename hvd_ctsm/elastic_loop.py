@@ -39,8 +39,7 @@ def build(cfg, init_from):
                                  weight_decay=cfg.optim.weight_decay), cfg.dist)
     factor = lr_schedule(cfg.optim, lr_scale(cfg.optim, clock.unit), total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: factor(clock.step()))
-    run = Run(cfg, meta, model, optimizer, scheduler, None, device, clock.unit, total,
-              step_delay=faults.injected_step_delay(dist.rank()), net=net)
+    run = Run(cfg, meta, model, optimizer, scheduler, None, device, clock.unit, total, net=net)
     return run, groups, clock, steps_per_epoch
 
 
@@ -78,7 +77,8 @@ def run(cfg, init_from: str | None = None) -> dict:
             order = GlobalOrder(groups, cfg.seed, state.epoch)
             for rows, batch_ in epoch_batches(order, cache, state.rows, batch,
                                               run_.model.sizes.max_len):
-                losses = optimizer_step(run_, iter([batch_]), autocast, scaler)
+                losses = optimizer_step(run_, faults.delayed(iter([batch_]), dist.rank()),
+                                        autocast, scaler)
                 state.rows, state.step = rows, state.step + 1
                 state.samples = clock.samples = state.samples + batch * dist.size()
                 if state.step % cfg.log_every_steps == 0:

@@ -7,7 +7,8 @@
   our own log: events.jsonl in the run folder, and the trainer's logger.
 - `injected_step_delay` is a fault-injection knob for tests and drills only: the environment
   variable HVD_CTSM_INJECT_STEP_DELAY="RANK:SECONDS[,RANK:SECONDS...]" (RANK may be `*`) makes those
-  ranks sleep that long in the data phase of every optimizer step. Unset, it costs nothing.
+  ranks sleep that long before each batch they read (`delayed`), inside the trainer's timed data
+  phase. Unset, the batches pass through untouched.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger("hvd_ctsm.faults")
@@ -50,6 +52,14 @@ def injected_step_delay(rank: int) -> float:
         return 0.0
     delays = parse_delays(text)
     return delays.get(str(rank), delays.get("*", 0.0))
+
+
+def delayed(batches: Iterator, rank: int) -> Iterator:
+    """`batches`, each one after this rank's injected delay (the same iterator when none)."""
+    seconds = injected_step_delay(rank)
+    if not seconds:
+        return batches
+    return (time.sleep(seconds) or batch for batch in batches)
 
 
 def step_time_report(busy_by_rank: list[float], wait_by_rank: list[float]) -> dict:
