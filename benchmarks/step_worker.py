@@ -69,10 +69,10 @@ class Backend:
     def __init__(self, kind: str):
         self.kind = kind
         self.rank, self.size, self.sleeping_wait = 0, 1, None
-        if kind == "horovod":  # the trainer's Horovod calls, module-level as in the trainer
+        if kind == "horovod":  # the trainer's Horovod calls (started in start())
             from hvd_ctsm.distributed import horovod_backend
 
-            self.dist = horovod_backend
+            self.hvd_module, self.dist = horovod_backend, None
         elif kind == "ddp":
             torch.distributed.init_process_group("gloo")
             self.rank, self.size = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -85,8 +85,8 @@ class Backend:
             os.environ["HOROVOD_THREAD_AFFINITY"] = ",".join(
                 str(c) for c in range(int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))))
         if self.kind == "horovod":
-            self.dist.set_horovod_knobs(knobs["fusion_mb"], knobs["cycle_ms"])
-            self.dist.init(knobs["threads"])
+            self.dist = self.hvd_module.HorovodBackend(knobs["threads"], knobs["fusion_mb"],
+                                                       knobs["cycle_ms"])
             self.sleeping_wait = knobs["sleeping_wait"]
             self.rank, self.size = self.dist.rank(), self.dist.size()
         torch.set_num_threads(knobs["threads"])
@@ -100,7 +100,7 @@ class Backend:
 
     def wrap(self, model, optimizer, knobs: dict):
         if self.kind == "horovod":
-            optimizer = self.dist.distributed_optimizer(
+            optimizer = self.hvd_module.distributed_optimizer(
                 optimizer, model, compression=knobs["compression"],
                 backward_passes_per_step=knobs["bpps"])
             self.dist.broadcast_state(model, optimizer)
@@ -169,7 +169,7 @@ def timed_steps(model, optimizer, batches, args, backend, bpps: int) -> tuple[li
             loss.backward()
         t1, c1 = time.perf_counter(), time.thread_time()
         if backend.kind == "horovod":
-            backend.dist.synchronize_gradients(optimizer, backend.sleeping_wait)
+            backend.hvd_module.synchronize_gradients(optimizer, backend.sleeping_wait)
             t2, c2 = time.perf_counter(), time.thread_time()
             with optimizer.skip_synchronize():
                 optimizer.step()

@@ -71,32 +71,6 @@ def init(threads_per_rank: int | None = None) -> None:
         torch.cuda.set_device(hvd.local_rank())
 
 
-def rank() -> int:
-    return _horovod().rank()
-
-
-def size() -> int:
-    return _horovod().size()
-
-
-def local_rank() -> int:
-    return _horovod().local_rank()
-
-
-def allreduce_sum(values: torch.Tensor, name: str | None = None) -> torch.Tensor:
-    """Exact sum across ranks (float64 on the wire for counts and sums of metrics)."""
-    hvd = _horovod()
-    return hvd.allreduce(values.detach().to(torch.float64).cpu(), op=hvd.Sum, name=name)
-
-
-def allgather_object(obj):
-    return _horovod().allgather_object(obj)
-
-
-def broadcast_object(obj, root_rank: int = 0):
-    return _horovod().broadcast_object(obj, root_rank=root_rank)
-
-
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Make every rank start from rank 0's parameters and optimizer state."""
     hvd = _horovod()
@@ -240,13 +214,13 @@ class HorovodBackend(Backend):
         self.adasum = False
 
     def rank(self) -> int:
-        return rank()
+        return _horovod().rank()
 
     def size(self) -> int:
-        return size()
+        return _horovod().size()
 
     def local_rank(self) -> int:
-        return local_rank()
+        return _horovod().local_rank()
 
     def local_size(self) -> int:
         return _horovod().local_size()
@@ -268,13 +242,15 @@ class HorovodBackend(Backend):
         return nullcontext() if self.adasum else optimizer.skip_synchronize()
 
     def allreduce_sum(self, values, name=None):
-        return allreduce_sum(values, name)
+        """Exact sum across ranks (float64 on the wire for counts and sums of metrics)."""
+        hvd = _horovod()
+        return hvd.allreduce(values.detach().to(torch.float64).cpu(), op=hvd.Sum, name=name)
 
     def allgather_object(self, obj) -> list:
-        return allgather_object(obj)
+        return _horovod().allgather_object(obj)
 
     def broadcast_object(self, obj, root_rank: int = 0):
-        return broadcast_object(obj, root_rank)
+        return _horovod().broadcast_object(obj, root_rank=root_rank)
 
     def broadcast_state(self, model, optimizer) -> None:
         broadcast_state(model, optimizer)
