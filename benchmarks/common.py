@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 ML100K = REPO.parent / "shared" / "data" / "ml-100k"
+SYNTHETIC = "synthetic:clients=1200,items=300,events=60000,seed=7"  # the benchmarks' synthetic set
 
 
 def env() -> dict:

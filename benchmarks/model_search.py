@@ -14,6 +14,7 @@ the test columns are what a chosen setting then reports.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shlex
 import sys
@@ -27,6 +28,34 @@ from benchmarks.common import RESULTS, horovodrun, machine, run, spread  # noqa:
 
 LOG = RESULTS / "model_search.jsonl"
 TABLE = RESULTS / "model_search.md"
+
+
+# Settings that do not change what is learned (paths, logging) or that trials vary (seed).
+VOLATILE = {"out", "seed", "progress", "keep_checkpoints", "log_every_steps", "commit_every_steps"}
+
+
+def config_fingerprint(trainer_args: list[str]) -> str:
+    """A cell's identity: its resolved config (today's defaults filled in), less VOLATILE."""
+    from hvd_ctsm.config import config_from_argv, to_dict
+
+    cfg, _ = config_from_argv(["--data", "_", *trainer_args])
+    return _fingerprint(to_dict(cfg))
+
+
+def run_fingerprint(run_folder: Path) -> str | None:
+    """The same fingerprint for a finished run, from the config.yaml it saved."""
+    from hvd_ctsm.config import load_config, to_dict
+
+    saved = run_folder / "config.yaml"
+    if not saved.exists():
+        return None
+    return _fingerprint(to_dict(load_config(str(saved))))
+
+
+def _fingerprint(values: dict) -> str:
+    values = {k: v for k, v in values.items() if k not in VOLATILE}
+    values["data"] = {k: v for k, v in values["data"].items() if k != "path"}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def validation_curve(out: Path) -> list[dict]:
@@ -49,6 +78,7 @@ def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: in
     epochs = curve[-1]["epoch"]
     return {
         "trial": name, "seed": seed, "ranks": ranks, "overrides": overrides,
+        "config_sha": run_fingerprint(out),
         "data": data.name, "epochs_run": epochs, "seconds": round(seconds, 1),
         "seconds_per_epoch": round(seconds / max(epochs, 1), 2),
         "best_epoch": best["epoch"], "model_epoch": summary.get("model_epoch"),

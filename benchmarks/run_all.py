@@ -1,12 +1,14 @@
 """Every benchmark in one run, then the report: what `./run.sh bench` does.
 
-    python benchmarks/run_all.py                 # the full set (about half an hour on 2 cores)
+    python benchmarks/run_all.py                 # the full set (see below for how long)
     python benchmarks/run_all.py --quick --out D # tiny sizes, results in D, for the smoke test
     python benchmarks/run_all.py --only comm,quality
 
 Datasets are built by the real feature job into a temporary folder that is removed at the end
 (MovieLens-derived data never lands in the repository): MovieLens 100K (../shared/data/ml-100k or
 --ml100k) for scaling and the input pipeline, a synthetic set for the knobs and the quality runs.
+Everything but the quality report takes about half an hour on 2 cores; the report
+(quality_report.py) trains each of its cells the log lacks, hours on 2 cores the first time.
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import (comm, input_pipeline, quality, report, scaling,  # noqa: E402
+from benchmarks import (comm, input_pipeline, quality, quality_report, report, scaling,  # noqa: E402
                         spark_features, trainer_ab)
-from benchmarks.common import ML100K, REPO, RESULTS, build_features  # noqa: E402
+from benchmarks.common import ML100K, REPO, RESULTS, SYNTHETIC, build_features  # noqa: E402
 
-SYNTHETIC = "synthetic:clients=1200,items=300,events=60000,seed=7"
 SYNTHETIC_QUICK = "synthetic:clients=200,items=60,events=8000,seed=7"
 ALL = ("scaling", "input", "comm", "quality", "spark", "ab")
 QUICK_OUT = REPO / "runs" / "bench-quick"
@@ -53,6 +54,12 @@ def datasets(work: Path, ml100k: Path, quick: bool) -> tuple[Path, Path, str | N
         return syn, syn, "default"
     real = build_features(f"movielens:{ml100k}", work / "ml100k", work / "ml100k.log")
     return real, syn, "ml100k"
+
+
+def quality_report_args(args, syn: Path) -> list[str]:
+    if args.quick:
+        return ["--quick", "--data", str(syn), "--out", str(args.out)]
+    return ["--run", "--ml100k", str(args.ml100k), "--out", str(args.out)]
 
 
 def main(argv=None) -> int:
@@ -88,7 +95,8 @@ def main(argv=None) -> int:
                      ["--data", str(real), "--scaling", str(args.out / "scaling.json"), *config,
                       *quick, *out])),
                  ("comm", lambda: comm.main(["--data", str(syn), *quick, *out])),
-                 ("quality", lambda: quality.main(["--data", str(syn), *quick, *out])),
+                 ("quality", lambda: (quality.main(["--data", str(syn), *quick, *out]),
+                                      quality_report.main(quality_report_args(args, syn)))),
                  ("spark", lambda: spark_features.main([*quick, *out])),
                  ("ab", lambda: ab_checks(real, config, args.quick, out))]
         for name, step in steps:

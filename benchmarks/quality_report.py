@@ -1,0 +1,153 @@
+"""Quality report: CTSM (the default config) vs the SASRec-style baseline vs popularity.
+
+    python benchmarks/quality_report.py --ml100k DIR --run      # train every missing cell, report
+    python benchmarks/quality_report.py                          # the report from the log only
+    python benchmarks/quality_report.py --quick --out DIR        # smoke run: tiny data, one seed
+
+A full run trains up to 18 cells of 10-30 minutes each on 2 cores (hours): cells already in the
+log are reused, so it can be stopped and started again.
+
+Cells: {ML-100K with input-order ties, ML-100K with strict ties, the synthetic set} x {CTSM with
+no overrides, `--config sasrec`} x seeds 0, 1, 2, each trained under `horovodrun -np 2` by
+model_search.run_trial and backtested on the test split (the saved model is the best validated
+one). A logged trial counts for a cell when its resolved trainer config, read back through
+today's config classes, equals the cell's (so results survive added settings whose defaults
+keep the old behaviour, and never count after a default changed); trials go to the model
+search's log (results/model_search.jsonl), so its trials of the same settings count too.
+The report gives, per cell, the median and [min-max] over seeds of full and sampled
+NDCG@10/HR@10 and the train minutes, with popularity beside them, and the seeds it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import model_search  # noqa: E402
+from benchmarks.common import ML100K, RESULTS, SYNTHETIC, machine, run, spread  # noqa: E402
+
+DATASETS = {  # name: (source with {ml100k}, feature job options)
+    "ml-input-order": ("movielens:{ml100k}", ["--ties", "input-order"]),
+    "ml-strict": ("movielens:{ml100k}", []),
+    "synth": (SYNTHETIC, []),
+}
+MODELS = {"ctsm": [], "sasrec": ["--config", "sasrec"]}
+COMMON = ["dist.threads_per_rank=1"]  # two ranks on two cores: one thread each
+SEEDS, RANKS = (0, 1, 2), 2
+QUICK = {"datasets": {"tiny": ("synthetic:clients=120,items=40,events=3000,seed=1", [])},
+         "overrides": ["epochs=4", "eval_every_epochs=2", "model.dim=32", "model.layers=1",
+                       "data.batch_size=16"],
+         "seeds": (0,)}
+
+
+def cell_args(model: str, extra: list[str]) -> list[str]:
+    return [*MODELS[model], *COMMON, *extra]
+
+
+def matching(records: list[dict], data: str, fingerprint: str) -> dict[int, dict]:
+    """The newest logged trial per seed for (data, fingerprint) at RANKS ranks."""
+    found = {}
+    for r in records:
+        if r["data"] == data and r["ranks"] == RANKS and r.get("config_sha") == fingerprint:
+            found[r["seed"]] = r
+    return found
+
+
+def build_dataset(name: str, source: str, options: list[str] | None, root: Path,
+                  ml100k: Path) -> Path:
+    if options is None:  # an existing dataset
+        return Path(source)
+    out = root / name
+    if not (out / "metadata.json").exists():
+        run([sys.executable, "-m", "spark_jobs.build_features", "--source",
+             source.format(ml100k=ml100k), "--out", str(out), "--split", "leave-last-out",
+             "--master", "local[2]", "--overwrite", *options], root / f"{name}.log", timeout=3600)
+    return out
+
+
+def run_missing(datasets: dict, extra: list[str], seeds, root: Path, ml100k: Path,
+                log: Path) -> None:
+    for data, (source, options) in datasets.items():
+        path = build_dataset(data, source, options, root / "features", ml100k)
+        for model in MODELS:
+            args = cell_args(model, extra)
+            have = matching(read_log(log), data, model_search.config_fingerprint(args))
+            for seed in (s for s in seeds if s not in have):
+                print(f"[quality] {data} {model} seed {seed} ...", flush=True)
+                record = model_search.run_trial(path, root / "runs", f"{data}-{model}", args,
+                                                RANKS, seed)
+                with open(log, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+
+
+def read_log(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def report(records: list[dict], datasets: dict, extra: list[str], seeds) -> str:
+    lines = ["# Quality: CTSM vs the SASRec-style baseline vs popularity", "",
+             f"Test split, leave-last-out, {RANKS} ranks; each model is the best validated "
+             "epoch's. Median [min-max] over the seeds measured; a cell with fewer than "
+             f"{len(seeds)} seeds says so. Machine: {machine().get('cpu', '?')}.", "",
+             "| data | model | seeds | full NDCG@10 | full HR@10 | sampled NDCG@10 | "
+             "sampled HR@10 | train minutes |", "|---|---|---|---|---|---|---|---|"]
+    for data in datasets:
+        popularity = None
+        for model in MODELS:
+            fingerprint = model_search.config_fingerprint(cell_args(model, extra))
+            rs = list(matching(records, data, fingerprint).values())
+            if not rs:
+                lines.append(f"| {data} | {model} | 0 of {len(seeds)} | not measured |  |  |  |  |")
+                continue
+            popularity = rs[0]["test"]
+            cells = [_cell(rs, k) for k in ("ndcg@10", "hr@10", "sampled_ndcg@10",
+                                            "sampled_hr@10")]
+            minutes = spread(r["seconds"] / 60 for r in rs)["median"]
+            lines.append(f"| {data} | {model} | {len(rs)} of {len(seeds)} | {' | '.join(cells)} "
+                         f"| {minutes:.1f} |")
+        if popularity:
+            lines.append(f"| {data} | popularity | - | {popularity['popularity_ndcg@10']:.4f} |  "
+                         f"| {popularity['popularity_sampled_ndcg@10']:.4f} |  | 0 |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(records: list[dict], key: str) -> str:
+    s = spread(r["test"][key] for r in records)
+    return f"{s['median']:.4f} [{s['min']:.4f}-{s['max']:.4f}]"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ml100k", type=Path, default=ML100K)
+    p.add_argument("--run", action="store_true", help="train the cells the log lacks")
+    p.add_argument("--quick", action="store_true", help="tiny synthetic data, one seed")
+    p.add_argument("--data", type=Path, help="with --quick: an existing tiny dataset to use")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--work", type=Path, default=Path("runs/quality"))
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    datasets, extra, seeds = DATASETS, [], SEEDS
+    if args.quick:
+        datasets, extra, seeds = QUICK["datasets"], QUICK["overrides"], QUICK["seeds"]
+        if args.data:
+            datasets = {args.data.name: (str(args.data), None)}
+    # Every trial goes to the model search's log: its trials count here when their configs match.
+    log = args.out / "quality_report_quick.jsonl" if args.quick else model_search.LOG
+    if args.run or args.quick:
+        with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
+            work = Path(tmp) if args.quick else args.work
+            run_missing(datasets, extra, seeds, work, args.ml100k, log)
+    text = report(read_log(log), datasets, extra, seeds)
+    (args.out / ("quality_report_quick.md" if args.quick else "quality_report.md")).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
