@@ -73,6 +73,23 @@ torchrun_launch() {
         --max-restarts "${MAX_RESTARTS:-0}" "$@"
 }
 
+# BACKEND picks the trainer's launcher; without it Horovod, or torch where setup skipped Horovod
+# (HVD_CTSM_BACKENDS=torch).
+trainer_backend() {
+    if [[ -n ${BACKEND:-} ]]; then echo "$BACKEND"
+    elif [[ -x $VENV/bin/horovodrun ]]; then echo horovod
+    else echo torch
+    fi
+}
+
+train_launch() {
+    if [[ $(trainer_backend) == torch ]]; then
+        torchrun_launch -m hvd_ctsm.train "$@"
+    else
+        hvdrun "$VENV/bin/python" -m hvd_ctsm.train "$@"
+    fi
+}
+
 demo() {
     ensure_setup
     local data=$WORK/features model=$WORK/model registry=$WORK/registry
@@ -80,8 +97,8 @@ demo() {
     echo "[demo] 1/6 features: $source -> $data"
     py -m spark_jobs.build_features --source "$source" --out "$data" --split leave-last-out \
         --master "local[2]" --overwrite
-    echo "[demo] 2/6 train: horovodrun -np $NP (Gloo, CPU)"
-    hvdrun "$VENV/bin/python" -m hvd_ctsm.train --data "$data" --out "$model" --config "${CONFIG:-default}" \
+    echo "[demo] 2/6 train: $NP ranks, $(trainer_backend) backend (Gloo, CPU)"
+    train_launch --data "$data" --out "$model" --config "${CONFIG:-default}" \
         --overwrite "epochs=${EPOCHS:-6}" "$@"
     echo "[demo] 3/6 backtest"
     py -m hvd_ctsm.backtest --data "$data" --model "$model" --report "$model/backtest.json"
@@ -124,9 +141,6 @@ run_tests() {
 main() {
     local step=${1:-help}
     shift || true
-    if [[ $step == train && ${BACKEND:-horovod} == torch ]]; then
-        ensure_setup; torchrun_launch -m hvd_ctsm.train ${CONFIG:+--config "$CONFIG"} "$@"; return
-    fi
     case $step in
         setup) setup ;;
         doctor) ensure_setup; py -m hvd_ctsm.doctor "$@" ;;
@@ -135,7 +149,7 @@ main() {
         lint) ensure_setup; py -m ruff check . && py -m isort --check-only --diff . &&
             "$VENV/bin/hadolint" docker/Dockerfile.* ;;
         features) ensure_setup; py -m spark_jobs.build_features "$@" ;;
-        train) ensure_setup; hvdrun "$VENV/bin/python" -m hvd_ctsm.train ${CONFIG:+--config "$CONFIG"} "$@" ;;
+        train) ensure_setup; train_launch ${CONFIG:+--config "$CONFIG"} "$@" ;;
         backtest) ensure_setup; py -m hvd_ctsm.backtest "$@" ;;
         deploy) ensure_setup; py -m hvd_ctsm.deploy "$@" ;;
         elastic) ensure_setup; elastic "$@" ;;
