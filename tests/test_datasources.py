@@ -162,6 +162,19 @@ def test_features_on_s3_train_under_horovod_and_score_back_to_s3(spark, s3, tmp_
     assert len(set(remote.column("client_id").to_pylist())) == summary["counts"]["clients"] > 0
     assert remote.equals(pq.read_table(tmp_path / "top5.parquet"))
 
+    # The backtest reads the test split from S3 and measures what it measures on the copy.
+    from hvd_ctsm import backtest
+
+    reports = {name: run_backtest_report(backtest, data, run, tmp_path / f"{name}.json")
+               for name, data in (("s3", url), ("copy", str(tmp_path / "copy")))}
+    assert reports["s3"]["model"]["full"]["targets"] > 0
+    assert reports["s3"]["model"] == reports["copy"]["model"]
+
+
+def run_backtest_report(backtest, data: str, run: Path, report: Path) -> dict:
+    assert backtest.main(["--data", data, "--model", str(run), "--report", str(report)]) == 0
+    return json.loads(report.read_text())
+
 
 def test_an_unreachable_or_missing_dataset_url_is_one_line_and_exit_2(s3, tmp_path, capsys,
                                                                       monkeypatch):
