@@ -187,12 +187,24 @@ def write_bytes_atomic(url: str, data: bytes) -> None:
 def upload_folder(local: Path, url: str, last: str) -> None:
     """Copy the finished local folder `local` to `url`, file by file, the file named `last`
     (the one readers look for first, e.g. metadata.json) after every other: a reader never
-    finds it beside a partial upload. `url` must not exist yet (checked by the caller)."""
+    finds it beside a partial upload, and a failed upload removes the files it put. `url` must
+    not exist yet (checked by the caller)."""
     files = sorted(p for p in local.rglob("*") if p.is_file())
     files.sort(key=lambda p: p.name == last)  # stable: `last` goes to the end
 
     def put_all(fs, path):
-        for file in files:
-            fs.put_file(str(file), f"{path.rstrip('/')}/{file.relative_to(local).as_posix()}")
+        done = []
+        try:
+            for file in files:
+                target = f"{path.rstrip('/')}/{file.relative_to(local).as_posix()}"
+                fs.put_file(str(file), target)
+                done.append(target)
+        except BaseException:  # remove what this upload created, and only that
+            for target in done:
+                try:
+                    fs.rm_file(target)
+                except Exception:  # noqa: BLE001  the original error matters more
+                    pass
+            raise
 
     _call(url, put_all)
