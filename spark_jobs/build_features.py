@@ -110,8 +110,8 @@ def _check_remote_out(config: FeatureConfig) -> None:
     """A URL --out is written once: an object store cannot swap a folder atomically, so an
     existing one is never replaced (nor one inside an input)."""
     out = config.out.rstrip("/")
-    for source in input_paths(config):
-        if out.startswith(source.rstrip("/")) or source.startswith(out + "/"):
+    for source in (p.rstrip("/") for p in input_paths(config)):
+        if out == source or out.startswith(source + "/") or source.startswith(out + "/"):
             raise OutputExistsError(f"refusing to write {config.out}: it is, holds or lies inside "
                                     f"the input {source}; pick an --out outside every input")
     if storage.exists(config.out):
