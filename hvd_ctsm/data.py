@@ -48,17 +48,21 @@ def check_same_vocabulary(state: dict, meta: dict, what: str, data, fix: str) ->
 
 
 def read_metadata(data_dir: str | Path) -> dict:
-    """metadata.json of a feature dataset, its schema version checked."""
-    path = Path(data_dir) / "metadata.json"
-    if not Path(data_dir).is_dir():
-        raise DatasetError(f"{data_dir} is not a folder: point --data at a folder written by "
-                           "spark_jobs.build_features")
-    if not path.exists():
-        raise DatasetError(f"{path} not found: point --data at a folder written by "
-                           "spark_jobs.build_features")
+    """metadata.json of a feature dataset (a folder or a URL: hvd_ctsm.storage), its schema
+    version checked."""
+    from hvd_ctsm import storage
+
+    path = storage.join(data_dir, "metadata.json")
+    fix = "point --data at a folder written by spark_jobs.build_features"
+    if not storage.is_dir(data_dir):
+        raise DatasetError(f"{data_dir} is not a folder: {fix}")
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(storage.read_bytes(path))
+    except FileNotFoundError as exc:
+        raise DatasetError(f"{path} not found: {fix}") from exc
     except ValueError as exc:
+        if isinstance(exc, storage.StorageError):
+            raise
         raise DatasetError(f"{path} is not valid JSON ({exc}): rebuild the features") from exc
     version = meta.get("schema_version")
     if version != SCHEMA_VERSION:
@@ -71,27 +75,29 @@ def verify_split(data_dir: str | Path, name: str, meta: dict | None = None) -> N
     """Every Parquet file metadata.json lists for split `name` is there with its size and row
     count, and no other is; else DatasetError naming the file. Reads only the footers.
     Datasets written before the listing existed are not checked."""
-    import pyarrow.parquet as pq
+    from hvd_ctsm import storage
 
     split = (meta or read_metadata(data_dir)).get("splits", {}).get(name, {})
     if "files" in split:
-        folder = Path(data_dir) / split.get("path", name)
+        folder = storage.join(data_dir, split.get("path", name))
         fix = f"rebuild the features into a new folder ({data_dir} is damaged or incomplete)"
-        found = {f.name for f in folder.glob("*.parquet")}
+        found = storage.parquet_sizes(folder)
         for listed in split["files"]:
-            file = folder / listed["name"]
+            file = storage.join(folder, listed["name"])
             if listed["name"] not in found:
                 raise DatasetError(f"{file} is missing ({listed['rows']} of the {split['rows']} "
                                    f"rows metadata.json lists for {name!r}): {fix}")
-            size = file.stat().st_size
+            size = found[listed["name"]]
             try:
-                rows = pq.ParquetFile(file).metadata.num_rows if size == listed["bytes"] else -1
+                rows = storage.parquet_rows(file) if size == listed["bytes"] else -1
+            except storage.StorageError:
+                raise
             except Exception as exc:  # noqa: BLE001  any unreadable footer means damaged
                 raise DatasetError(f"{file} is unreadable ({exc}): {fix}") from exc
             if size != listed["bytes"] or rows != listed["rows"]:
                 raise DatasetError(f"{file} changed since it was written ({size} bytes, listed "
                                    f"{listed['bytes']}; {listed['rows']} rows listed): {fix}")
-        extra = sorted(found - {f["name"] for f in split["files"]})
+        extra = sorted(set(found) - {f["name"] for f in split["files"]})
         if extra:
             raise DatasetError(f"{folder} holds files metadata.json does not list ({extra}): "
                                f"{fix}")
@@ -110,12 +116,19 @@ _VERIFIED: set[tuple[str, str]] = set()  # (dataset, split) checked by this proc
 
 def split_url(data_dir: str | Path, split: str) -> str:
     """The split's URL for Petastorm, after checking its files once per process (verify_split):
-    every reader (trainer, backtest, scoring) opens splits through here."""
-    key = (str(Path(data_dir).resolve()), split)
-    if key not in _VERIFIED:
+    every reader (trainer, backtest, scoring) opens splits through here. A local folder becomes
+    a file:// URL; a remote dataset URL (s3://, hdfs://, ...) is used as it is."""
+    from hvd_ctsm import storage
+
+    if storage.is_remote(data_dir):  # s3://, hdfs://, ...: Petastorm reads it through fsspec
+        key, url = str(data_dir).rstrip("/"), storage.join(data_dir, split)
+    else:
+        folder = storage.local_path(data_dir).resolve()
+        key, url = str(folder), (folder / split).as_uri()
+    if (key, split) not in _VERIFIED:
         verify_split(data_dir, split)
-        _VERIFIED.add(key)
-    return (Path(data_dir).resolve() / split).as_uri()
+        _VERIFIED.add((key, split))
+    return url
 
 
 def _row_group_sizes(url: str) -> list[int]:

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hvd_ctsm import storage
 from hvd_ctsm.data import DatasetError
 from hvd_ctsm.schema import SERVING_SPLIT
 
@@ -62,7 +63,7 @@ def load_vocab_items(data: str | Path, model_state: dict) -> list[str]:
 
     check_same_vocabulary(model_state, read_metadata(data), "the model", data,
                           "score with the features it was trained on (or retrain)")
-    return json.loads((Path(data) / "vocab.json").read_text())["items"]
+    return json.loads(storage.read_bytes(storage.join(data, "vocab.json")))["items"]
 
 
 def scoring_split(data: str | Path, split: str | None = None) -> str:
@@ -162,24 +163,34 @@ def write_parquet_atomic(table, path: Path) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def check_score_file(out: Path, inputs) -> None:
+def check_score_file(out: str | Path, inputs) -> None:
     """`out` may be written: not an input, not a folder, and if it exists, an earlier scores
-    file (our columns): replacing it must never cost anything else."""
-    import pyarrow.parquet as pq
-
+    file (our columns): replacing it must never cost anything else. `out` may be a URL."""
     from hvd_ctsm.outputs import UnsafeOutputError, check_not_an_input
 
-    check_not_an_input(out, inputs)
-    if out.is_dir():
+    if storage.is_remote(out):
+        if any(str(out).rstrip("/").startswith(str(i).rstrip("/")) for i in inputs if i):
+            raise UnsafeOutputError(f"refusing to write {out}: it lies inside an input; pick an "
+                                    "--out outside every input")
+    else:
+        check_not_an_input(storage.local_path(out), inputs)
+    if storage.is_dir(out):
         raise UnsafeOutputError(f"{out} is a folder: --out names the Parquet file to write")
-    if out.exists():
-        try:
-            columns = tuple(pq.read_schema(out).names)
-        except Exception:  # noqa: BLE001  not Parquet at all
-            columns = ()
-        if columns != SCORE_COLUMNS:
-            raise UnsafeOutputError(f"refusing to replace {out}: it is not a scores file "
-                                    "written by hvd_ctsm.score; pick another --out")
+    if storage.exists(out) and storage.parquet_columns(out) != SCORE_COLUMNS:
+        raise UnsafeOutputError(f"refusing to replace {out}: it is not a scores file "
+                                "written by hvd_ctsm.score; pick another --out")
+
+
+def write_scores(table, out: str | Path) -> None:
+    """The scores file, whole or not at all, on the local disk or at a URL."""
+    if storage.is_remote(out):
+        import pyarrow.parquet as pq
+
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        storage.write_bytes_atomic(str(out), buffer.getvalue())
+    else:
+        write_parquet_atomic(table, storage.local_path(out))
 
 
 def summarize(records: list[tuple], clients: int, k: int) -> dict:
@@ -201,7 +212,7 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
     t0 = time.perf_counter()
-    check_score_file(Path(out), (data, model_path))
+    check_score_file(out, (data, model_path))
     split = scoring_split(data, split)
     url = split_url(data, split)  # a damaged or incomplete dataset stops here
     state = load_state(resolve_model(model_path))
@@ -210,16 +221,16 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
     with open_reader(url, 0, 1, seed=None, shuffle=False) as reader:
         rows = list(reader)
     records = list(score_rows(model, rows, k, items))
-    write_parquet_atomic(arrow_table(records), Path(out))
+    write_scores(arrow_table(records), out)
     return summarize(records, len(rows), k) | {"split": split, "out": str(out),
                                                 "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hvd_ctsm.score", description=__doc__.splitlines()[0])
-    p.add_argument("--data", required=True, help="feature job output folder")
+    p.add_argument("--data", required=True, help="feature job output folder or URL (s3://...)")
     p.add_argument("--model", required=True, help="registry, run folder or model.pt")
-    p.add_argument("--out", required=True, help="Parquet file to write")
+    p.add_argument("--out", required=True, help="Parquet file to write (a path or a URL)")
     p.add_argument("--k", type=int, default=10, help="items per client (default 10)")
     p.add_argument("--split", default=None, choices=SCORABLE_SPLITS,
                    help="the rows to score from (default serving: every client's latest events; "

@@ -82,7 +82,9 @@ install_pinned_stack() {
         fail "torch==$TORCH_VERSION did not install (log: $CACHE/pip.log)" \
             "point PIP_EXTRA_INDEX_URL at PyTorch's CPU wheel index, or preinstall that torch"
     local names
-    names=$(grep -E '^[A-Za-z0-9_.-]+==' "$CONSTRAINTS" | cut -d= -f1 | grep -vxE 'torch|horovod|petastorm')
+    # moto with its S3 extra (the tests' local S3 server); a constraints file cannot name extras.
+    names=$(grep -E '^[A-Za-z0-9_.-]+==' "$CONSTRAINTS" | cut -d= -f1 | grep -vxE 'torch|horovod|petastorm' |
+        sed 's/^moto$/moto[s3]/')
     # shellcheck disable=SC2086
     pip_install $names >>"$CACHE/pip.log" 2>&1 ||
         fail "pip could not install the pins (log: $CACHE/pip.log)" \

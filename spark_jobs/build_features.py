@@ -18,17 +18,22 @@ if __package__ in (None, ""):  # run as a script (spark-submit): make the packag
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 
 from pyspark import StorageLevel  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
 import hvd_ctsm  # noqa: E402
+from hvd_ctsm import storage  # noqa: E402
 from hvd_ctsm.schema import OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT  # noqa: E402
 from spark_jobs import attributes, sequences, split, validate, vocab, write  # noqa: E402
 from spark_jobs.config import FeatureConfig, parse_time  # noqa: E402
-from spark_jobs.sources import load_source  # noqa: E402
+from spark_jobs.sources import SourceError, load_source  # noqa: E402
+from spark_jobs.write import OutputExistsError  # noqa: E402
 
 
 def code_version() -> str:
@@ -96,9 +101,23 @@ def _check_serving_rows(stats: dict, clients: int) -> None:
 def input_paths(config: FeatureConfig) -> list[str]:
     """Every file or folder the job reads: the output may not overlap any of them."""
     paths = [config.client_attrs, config.item_attrs, config.previous_vocab]
-    if config.source_kind in ("events", "movielens"):
+    if config.source_kind in ("events", "delta", "movielens"):
         paths.append(config.source_spec)
     return [p for p in paths if p]
+
+
+def _check_remote_out(config: FeatureConfig) -> None:
+    """A URL --out is written once: an object store cannot swap a folder atomically, so an
+    existing one is never replaced (nor one inside an input)."""
+    out = config.out.rstrip("/")
+    for source in (p.rstrip("/") for p in input_paths(config)):
+        if out == source or out.startswith(source + "/") or source.startswith(out + "/"):
+            raise OutputExistsError(f"refusing to write {config.out}: it is, holds or lies inside "
+                                    f"the input {source}; pick an --out outside every input")
+    if storage.exists(config.out):
+        raise OutputExistsError(f"output {config.out} exists; a URL output is never replaced "
+                                "(--overwrite applies to local folders): pick a new URL, e.g. "
+                                "a dated prefix")
 
 
 def _no_examples(name: str, counts: dict) -> ValueError:
@@ -164,8 +183,27 @@ def build_features(spark, config: FeatureConfig) -> dict:
     from spark_jobs.session import check_executors, job_settings
 
     check_executors(spark)
-    with job_settings(spark):
-        return _build(spark, config)
+    if not storage.is_remote(config.out):
+        with job_settings(spark):
+            return _build(spark, config)
+    return _build_and_upload(spark, config, job_settings)
+
+
+def _build_and_upload(spark, config: FeatureConfig, job_settings) -> dict:
+    """Build the dataset in a local temporary folder on the driver, then upload it to the URL
+    config.out, metadata.json last (readers look for it first). Spark writes the files to the
+    driver's disk, so this suits local mode; on a multi-node cluster write to storage every
+    executor shares instead (/dbfs/..., a shared mount)."""
+    _check_remote_out(config)
+    scratch = Path(tempfile.mkdtemp(prefix="hvd_ctsm-features-"))
+    try:
+        local = dataclasses.replace(config, out=str(scratch / "features"), overwrite=False)
+        with job_settings(spark):
+            summary = _build(spark, local)
+        storage.upload_folder(scratch / "features", config.out, last="metadata.json")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {**summary, "out": config.out}
 
 
 def _build(spark, config: FeatureConfig) -> dict:
@@ -237,9 +275,10 @@ def summary_table(summary: dict) -> str:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hvd-ctsm-features", description=__doc__.split("\n")[0])
     p.add_argument(
-        "--source", required=True, help="movielens:DIR | synthetic:k=v,... | events:PATH"
+        "--source", required=True,
+        help="movielens:DIR | synthetic:k=v,... | events:PATH-OR-URL | table:NAME | delta:PATH",
     )
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", required=True, help="output folder, or a URL (s3://...) to upload to")
     p.add_argument("--split", choices=("time", "leave-last-out"), default="leave-last-out")
     p.add_argument("--cutoffs", help="T1,T2 (unix seconds or ISO dates) for --split time")
     p.add_argument("--max-len", type=int, default=200, help="longest history (default 200)")
@@ -298,6 +337,9 @@ def main(argv=None) -> int:
     spark = get_spark(master=args.master, **conf)
     try:
         summary = build_features(spark, config)
+    except (SourceError, storage.StorageError) as err:  # bad input (hvd_ctsm.errors): exit 2
+        print(f"hvd-ctsm-features: error: {err}", file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, FileExistsError, ExecutorPythonError) as err:
         print(f"hvd-ctsm-features: {type(err).__name__}: {err}", file=sys.stderr)
         return 1

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 SPLIT_KINDS = ("time", "leave-last-out")
 TIE_RULES = ("strict", "input-order")
+TABLE_KINDS = ("events", "table", "delta")  # sources of raw event rows (the canonical columns)
+SOURCE_KINDS = ("movielens", "synthetic", *TABLE_KINDS)
 
 
 def parse_time(text: str | int | float) -> int:
@@ -34,11 +36,15 @@ class FeatureConfig:
     """Everything the feature job needs; validated on construction."""
 
     source: str
-    """Where events come from: `movielens:DIR`, `synthetic:clients=..,items=..,events=..,seed=..`
-    or `events:PATH` (Parquet or CSV file/folder)."""
+    """Where events come from: `movielens:DIR`, `synthetic:clients=..,items=..,events=..,seed=..`,
+    `events:PATH` (Parquet or CSV file/folder; a path or a URL Spark's Hadoop filesystems read,
+    e.g. file://, hdfs://, s3a:// where the cluster has the hadoop-aws jars, dbfs:/),
+    `table:NAME` (any table the session's catalog knows: spark.table) or `delta:PATH` (a Delta
+    table folder; needs the Delta Lake jars in the session)."""
     out: str
     """Output folder (OUT/train, OUT/validation, OUT/test, OUT/serving, OUT/vocab.json,
-    OUT/metadata.json)."""
+    OUT/metadata.json): a path, or a URL (s3://, hdfs://, ...) the finished dataset is uploaded
+    to; a URL must not exist yet."""
     split: str = "leave-last-out"
     """`leave-last-out` (last event per client = test, the one before = validation) or `time`."""
     cutoffs: tuple[int, int] | None = None
@@ -78,8 +84,8 @@ class FeatureConfig:
         if not self.source or ":" not in self.source:
             raise ValueError(f"source must look like KIND:SPEC, got {self.source!r}")
         kind = self.source.split(":", 1)[0]
-        if kind not in ("movielens", "synthetic", "events"):
-            raise ValueError(f"unknown source kind {kind!r} (movielens, synthetic, events)")
+        if kind not in SOURCE_KINDS:
+            raise ValueError(f"unknown source kind {kind!r} ({', '.join(SOURCE_KINDS)})")
         if not self.out:
             raise ValueError("out must name a folder")
         if self.split not in SPLIT_KINDS:
@@ -104,8 +110,9 @@ class FeatureConfig:
             raise ValueError(f"rating_range must be (low, high), got {self.rating_range}")
         if self.max_timestamp is None:
             self.max_timestamp = int(time.time()) + 86_400
-        if kind != "events" and (self.client_attrs or self.item_attrs):
-            raise ValueError("client_attrs/item_attrs only apply to events: sources")
+        if kind not in TABLE_KINDS and (self.client_attrs or self.item_attrs):
+            raise ValueError("client_attrs/item_attrs only apply to events:, table: and delta: "
+                             "sources")
 
     @property
     def source_kind(self) -> str:

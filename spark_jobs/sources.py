@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from hvd_ctsm import storage
 from spark_jobs.attributes import wide_to_long
 from spark_jobs.synthetic import SyntheticParams, synthetic_source
 from spark_jobs.validate import SchemaError, check_columns
@@ -125,27 +128,106 @@ def movielens(spark, folder: str) -> Source:
     return Source(events, client_attrs, item_attrs)
 
 
+class SourceError(ValueError):
+    """The source cannot be read here; the message names it and the fix (exit 2)."""
+
+
 def read_table(spark, path: str) -> DataFrame:
     """Parquet (file or folder) as typed; CSV with a header, every column read as a string.
+    `path` is a local path or a URL Spark's Hadoop filesystems read (file://, hdfs://, ...).
 
     CSV is read as RFC 4180 records: a quoted field may hold separators and line breaks, and
     a doubled quote inside one is a quote (Spark's defaults split such records into several
     rows and keep backslash escapes instead)."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"no such file or folder: {path}")
-    csv = p.suffix.lower() in (".csv", ".tsv") or (p.is_dir() and any(p.glob("*.csv")))
-    if csv:
+    if storage.is_remote(path):
+        location, suffix, csv_inside = path, Path(path).suffix.lower(), _remote_csv_inside(spark,
+                                                                                          path)
+    else:
+        p = storage.local_path(path)
+        if not p.exists():
+            raise SourceError(f"no such file or folder: {path}; check the path")
+        location, suffix = str(p.resolve()), p.suffix.lower()
+        csv_inside = p.is_dir() and any(p.glob("*.csv"))
+    if suffix in (".csv", ".tsv") or csv_inside:
         return spark.read.csv(
-            str(p.resolve()),
+            location,
             header=True,
             inferSchema=False,
-            sep="\t" if p.suffix.lower() == ".tsv" else ",",
+            sep="\t" if suffix == ".tsv" else ",",
             multiLine=True,
             quote='"',
             escape='"',
         )
-    return spark.read.parquet(str(p.resolve()))
+    return spark.read.parquet(location)
+
+
+def _remote_csv_inside(spark, url: str) -> bool:
+    """Whether the folder at `url` holds CSV files, asked of the Hadoop filesystem Spark itself
+    reads `url` with; SourceError when Spark has none for its scheme, cannot reach it, or
+    finds nothing there."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(url)
+    try:
+        fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        if not fs.exists(path):
+            raise SourceError(f"no such file or folder: {url}; check the URL")
+        return fs.isDirectory(path) and len(fs.globStatus(jvm.org.apache.hadoop.fs.Path(
+            url.rstrip("/") + "/*.csv"))) > 0
+    except Py4JJavaError as exc:
+        raise _hadoop_error(url, exc) from None
+
+
+def _hadoop_error(url: str, exc: Py4JJavaError) -> SourceError:
+    text = " ".join(str(exc.java_exception).split())[:300]
+    scheme = storage.scheme(url)
+    if "No FileSystem for scheme" in text or "ClassNotFoundException" in text:
+        return SourceError(
+            f"Spark has no filesystem for {scheme}:// here ({url}): s3a:// needs the hadoop-aws "
+            "jars on the cluster (Databricks and EMR have them; s3:// is s3a:// outside them), "
+            "abfss:// hadoop-azure; or copy the data to a local path or a table (table:NAME)")
+    return SourceError(f"Spark cannot reach {url}: {text}; check the URL and the credentials")
+
+
+def catalog_table(spark, name: str) -> DataFrame:
+    """Any table the session's catalog knows (Hive/managed tables; Delta and Unity Catalog
+    tables on Databricks), by name: `table`, `db.table` or `catalog.db.table`."""
+    try:
+        return spark.table(name)
+    except AnalysisException as exc:
+        raise SourceError(f"no table {name!r} in the Spark session's catalog "
+                          f"({' '.join(str(exc).split())[:160]}): check the name "
+                          "(database.table), or read the files with events:PATH") from None
+
+
+DELTA_MISSING = ("delta: needs the Delta Lake jars in the Spark session, and this session has "
+                 "none: on Databricks Delta is built in; elsewhere start Spark with the Delta "
+                 "jars (delta-spark), or register the table in the catalog and use table:NAME")
+
+
+def delta_table(spark, path: str) -> DataFrame:
+    """The current version of the Delta table at `path` (its _delta_log read by Delta Lake,
+    never the raw Parquet files, which hold deleted and replaced rows too)."""
+    try:
+        return spark.read.format("delta").load(path)
+    except AnalysisException as exc:
+        text = str(exc)
+        if "DATA_SOURCE_NOT_FOUND" in text or "Failed to find data source" in text:
+            raise SourceError(DELTA_MISSING) from None
+        raise SourceError(f"cannot read the Delta table at {path}: "
+                          f"{' '.join(text.split())[:200]}") from None
+    except Py4JJavaError as exc:
+        if "ClassNotFoundException" in str(exc.java_exception) and "delta" in str(exc):
+            raise SourceError(DELTA_MISSING) from None
+        raise _hadoop_error(path, exc) from None
+
+
+def event_rows(spark, kind: str, spec: str) -> DataFrame:
+    """The raw event rows of an events:, table: or delta: source."""
+    if kind == "table":
+        return catalog_table(spark, spec)
+    if kind == "delta":
+        return delta_table(spark, spec)
+    return read_table(spark, spec)
 
 
 def client_attrs_table(spark, path: str) -> DataFrame:
@@ -185,7 +267,7 @@ def load_source(spark, config) -> Source:
     if kind == "synthetic":
         events, client_attrs, item_attrs = synthetic_source(spark, SyntheticParams.parse(spec))
         return Source(events, client_attrs, item_attrs)
-    events = read_table(spark, spec)
+    events = event_rows(spark, kind, spec)
     check_columns(events)
     return Source(
         events,

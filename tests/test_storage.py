@@ -1,0 +1,77 @@
+"""hvd_ctsm.storage on fsspec's in-memory filesystem (a real fsspec filesystem, no server) and on
+local paths: uploads put metadata.json last and take back what they put when they fail, remote
+writes leave no temporary object, and a scheme no filesystem serves is one StorageError."""
+
+from __future__ import annotations
+
+import fsspec
+import pytest
+
+from hvd_ctsm import storage
+
+
+@pytest.fixture
+def memory():
+    fs = fsspec.filesystem("memory")  # one instance per process: storage gets this one too
+    if fs.exists("/ds"):
+        fs.rm("/ds", recursive=True)
+    yield fs
+    if fs.exists("/ds"):
+        fs.rm("/ds", recursive=True)
+
+
+def dataset_folder(tmp_path):
+    folder = tmp_path / "features"
+    (folder / "train").mkdir(parents=True)
+    (folder / "train" / "part-00000.parquet").write_bytes(b"rows")
+    (folder / "vocab.json").write_bytes(b"{}")
+    (folder / "metadata.json").write_bytes(b'{"schema_version": 1}')
+    return folder
+
+
+def test_an_upload_puts_metadata_last_and_everything_else_before(tmp_path, memory, monkeypatch):
+    order = []
+    put = memory.put_file
+    monkeypatch.setattr(memory, "put_file", lambda src, dst, **kw: (order.append(dst),
+                                                                     put(src, dst, **kw)))
+    storage.upload_folder(dataset_folder(tmp_path), "memory://ds/features", last="metadata.json")
+    assert order[-1].endswith("/metadata.json") and len(order) == 3
+    assert storage.read_bytes("memory://ds/features/vocab.json") == b"{}"
+    assert storage.parquet_sizes("memory://ds/features/train") == {"part-00000.parquet": 4}
+    assert storage.is_dir("memory://ds/features") and not storage.exists("memory://ds/other")
+
+
+def test_a_failed_upload_removes_what_it_put_and_nothing_else(tmp_path, memory, monkeypatch):
+    memory.pipe_file("/ds/features-neighbour/keep.txt", b"not ours")
+    put, calls = memory.put_file, []
+
+    def fail_on_the_second(src, dst, **kw):  # fault injection: the store goes away mid-upload
+        calls.append(dst)
+        if len(calls) == 2:
+            raise ConnectionError("connection reset")
+        put(src, dst, **kw)
+
+    monkeypatch.setattr(memory, "put_file", fail_on_the_second)
+    with pytest.raises(storage.StorageError, match="cannot reach memory://ds/features"):
+        storage.upload_folder(dataset_folder(tmp_path), "memory://ds/features",
+                              last="metadata.json")
+    assert not memory.find("/ds/features")  # nothing of the partial upload is left
+    assert memory.cat_file("/ds/features-neighbour/keep.txt") == b"not ours"
+
+
+def test_a_remote_write_is_whole_and_leaves_no_temporary_object(memory):
+    storage.write_bytes_atomic("memory://ds/scores/top.parquet", b"scores")
+    assert memory.ls("/ds/scores", detail=False) == ["/ds/scores/top.parquet"]
+    assert storage.read_bytes("memory://ds/scores/top.parquet") == b"scores"
+
+
+def test_schemes_paths_and_errors(tmp_path):
+    assert storage.is_remote("s3://b/k") and storage.is_remote("dbfs:/x")
+    assert not storage.is_remote(str(tmp_path)) and not storage.is_remote(tmp_path.as_uri())
+    assert storage.local_path((tmp_path / "a b").as_uri()) == tmp_path / "a b"
+    assert storage.join("s3://b/ds/", "train") == "s3://b/ds/train"
+    assert storage.join(tmp_path.as_uri(), "train") == str(tmp_path / "train")
+    with pytest.raises(storage.StorageError, match=r"no filesystem for nosuch:// URLs"):
+        storage.exists("nosuch://bucket/features")
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes("memory://ds/absent.json")
