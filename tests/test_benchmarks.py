@@ -27,7 +27,6 @@ def results(tiny_features, tmp_path_factory):
                                 "--out", str(out)]) == 0
     assert comm.main([*data, "--quick", "--out", str(out)]) == 0
     assert quality.main([*data, "--quick", "--out", str(out)]) == 0
-    assert quality_report.main([*data, "--quick", "--out", str(out)]) == 0
     assert trainer_ab.main([*data, "--config", "default", "--epochs", "2", "--repeats", "1",
                             "--name", "read_ahead", "--variant", "data.read_ahead_steps=0",
                             "--variant", "data.read_ahead_steps=4", "--out", str(out)]) == 0
@@ -86,16 +85,18 @@ def test_quality_backtests_each_effective_batch(results):
     assert all(0 <= t["ndcg@10"]["mean"] <= 1 for t in table.values())
 
 
-def test_quality_report_trains_ctsm_and_the_baseline_and_reuses_logged_cells(results,
-                                                                            tiny_features):
-    trials = [json.loads(line) for line in (results / "quality_report_quick.jsonl").open()]
+def test_quality_report_trains_ctsm_and_the_baseline_and_reuses_logged_cells(tiny_features,
+                                                                            tmp_path):
+    args = ["--data", str(tiny_features), "--quick", "--out", str(tmp_path)]
+    assert quality_report.main(args) == 0
+    trials = [json.loads(line) for line in (tmp_path / "quality_report_quick.jsonl").open()]
     assert sorted(t["trial"] for t in trials) == ["tiny-ctsm", "tiny-sasrec"]
-    text = (results / "quality_report_quick.md").read_text()
+    assert {t["data"] for t in trials} == {tiny_features.name}
+    text = (tmp_path / "quality_report_quick.md").read_text()
     assert "| tiny | ctsm | 1 of 1 |" in text and "| tiny | sasrec | 1 of 1 |" in text
     assert "| tiny | popularity |" in text
-    assert {t["data"] for t in trials} == {tiny_features.name}
-    quality_report.main(["--data", str(tiny_features), "--quick", "--out", str(results)])
-    assert len((results / "quality_report_quick.jsonl").read_text().splitlines()) == 2
+    assert quality_report.main(args) == 0  # both cells are in the log: nothing trains again
+    assert len((tmp_path / "quality_report_quick.jsonl").read_text().splitlines()) == 2
 
 
 def test_trainer_ab_alternates_variants_and_splits_epochs(results):
