@@ -89,3 +89,16 @@ def test_spark_generation_matches_numpy_and_is_deterministic(spark):
     pd.testing.assert_frame_equal(first, local, check_dtype=False)
     assert first["client_id"].nunique() == p.clients
     assert items.count() == p.items and attrs.count() > p.clients
+
+
+def test_the_sale_label_follows_causes_a_history_can_show():
+    """The generator's own sale probability ranks sales well (the bound a model can reach) and
+    its mean matches the drawn labels: the label is learnable, not a coin flip."""
+    from benchmarks.sale_ceiling import auc, events_with_causes, sale_probability
+
+    events = events_with_causes(SyntheticParams(clients=300, items=100, events=12000, seed=3))
+    probability = sale_probability(events.in_taste.to_numpy(), events.continues.to_numpy())
+    label = ((events.event_type == "purchase")
+             | ((events.event_type == "rating") & (events.value >= 4))).to_numpy().astype(int)
+    assert auc(probability, label) > 0.68
+    assert abs(probability.mean() - label.mean()) < 0.02
