@@ -22,8 +22,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import (comm, input_pipeline, quality, quality_report, report, scaling,  # noqa: E402
-                        spark_features, trainer_ab)
+from benchmarks import (comm, input_pipeline, quality, quality_report, report,  # noqa: E402
+                        scaling, spark_features, trainer_ab)
 from benchmarks.common import ML100K, REPO, RESULTS, SYNTHETIC, build_features  # noqa: E402
 
 SYNTHETIC_QUICK = "synthetic:clients=200,items=60,events=8000,seed=7"
