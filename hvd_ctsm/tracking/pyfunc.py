@@ -26,34 +26,35 @@ VERSION_ARTIFACT = "version"  # the artifact key of the folder-registry version
 DEFAULT_K = 10
 
 
-# MLflow warns, when the class is defined, that predict has no type hints; the explicit
-# signature (below) is what validates the input, so that warning says nothing here.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message=".*type hints to the `predict` method.*")
+# MLflow warns, whenever the model is logged or loaded, that predict has no type hints: the
+# explicit signature (below) is what describes and validates the input, so the warning says
+# nothing here. Only that message is silenced.
+warnings.filterwarnings("ignore", message=".*type hints to the `predict` method.*")
 
-    class CtsmModel(mlflow.pyfunc.PythonModel):
-        """Loads model.pt, vocab.json and metadata.json once; predict scores histories."""
 
-        def load_context(self, context):
-            import json
+class CtsmModel(mlflow.pyfunc.PythonModel):
+    """Loads model.pt, vocab.json and metadata.json once; predict scores histories."""
 
-            from hvd_ctsm.checkpoint import load_state
-            from hvd_ctsm.data import check_same_vocabulary
-            from hvd_ctsm.model import CTSM
+    def load_context(self, context):
+        import json
 
-            folder = Path(context.artifacts[VERSION_ARTIFACT])
-            state = load_state(folder / "model.pt")
-            self.meta = json.loads((folder / "metadata.json").read_text())
-            self.vocab = json.loads((folder / "vocab.json").read_text())
-            check_same_vocabulary(state, self.meta, "the model", folder, "redeploy the model with "
-                                  "the features it was trained on")
-            self.model = CTSM.from_checkpoint(state)
+        from hvd_ctsm.checkpoint import load_state
+        from hvd_ctsm.data import check_same_vocabulary
+        from hvd_ctsm.model import CTSM
 
-        def predict(self, context, model_input, params=None):
-            from hvd_ctsm.serving import top_k_frame
+        folder = Path(context.artifacts[VERSION_ARTIFACT])
+        state = load_state(folder / "model.pt")
+        self.meta = json.loads((folder / "metadata.json").read_text())
+        self.vocab = json.loads((folder / "vocab.json").read_text())
+        check_same_vocabulary(state, self.meta, "the model", folder, "redeploy the model with "
+                              "the features it was trained on")
+        self.model = CTSM.from_checkpoint(state)
 
-            k = int((params or {}).get("k", DEFAULT_K))
-            return top_k_frame(self.model, model_input, self.vocab, self.meta, k)
+    def predict(self, context, model_input, params=None):
+        from hvd_ctsm.serving import top_k_frame
+
+        k = int((params or {}).get("k", DEFAULT_K))
+        return top_k_frame(self.model, model_input, self.vocab, self.meta, k)
 
 
 def signature(attributes: list[str]) -> ModelSignature:

@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import mlflow
@@ -39,7 +40,10 @@ def register_version(link: RunLink, version: Path, report: dict) -> tuple[str, s
     Returns (registered model name, version number)."""
     meta = json.loads((version / "metadata.json").read_text())
     mlflow.set_tracking_uri(link.tracking_uri)
-    with mlflow.start_run(run_id=link.run_id):
+    with mlflow.start_run(run_id=link.run_id), warnings.catch_warnings():
+        # No input example on purpose: MLflow would load and run the model to check it; the
+        # explicit signature describes the input.
+        warnings.filterwarnings("ignore", message=".*input example was not provided.*")
         info = mlflow.pyfunc.log_model(
             name="model", python_model=CtsmModel(), artifacts={VERSION_ARTIFACT: str(version)},
             signature=signature(list(meta.get("attrs", []))), pip_requirements=requirements(),
