@@ -108,6 +108,10 @@ demo() {
     py -m hvd_ctsm.deploy --model "$model" --report "$model/backtest.json" --registry "$registry"
     echo "[demo] 6/6 score: top-10 per client from the deployed model"
     py -m hvd_ctsm.score --data "$data" --model "$registry" --out "$WORK/scores.parquet" --k 10
+    if [[ -f $WORK/mlflow/mlflow.db ]]; then  # tracking on (the default) and mlflow installed
+        echo "[demo] MLflow run, metrics and models:/ctsm@champion in $WORK/mlflow; browse them with:"
+        echo "       $VENV/bin/mlflow ui --backend-store-uri sqlite:///$WORK/mlflow/mlflow.db"
+    fi
 }
 
 # The Spark route: one spark-submit application (features, horovod.spark training, backtest,

@@ -2,6 +2,7 @@
 
     python -m hvd_ctsm.backtest --data DIR --model RUN --report RUN/backtest.json \
         --gate 'ndcg@10>=0.05' [--champion registry/current/backtest.json --tolerance 0.005]
+        ... --champion models:/ctsm@champion     # the champion from the MLflow registry
 
 Exit code 0 when the gate passes (or none is set), 1 when it refuses: a pipeline stops there.
 Gate metrics name the full-ranking protocol by default (`ndcg@10`, `hr@10`, `mrr`); prefix with
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from hvd_ctsm import tracking
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import load_state
 from hvd_ctsm.data import check_same_vocabulary, eval_batches, read_metadata, split_url
@@ -73,6 +75,20 @@ def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) ->
         checks.append({"rule": f"full.ndcg@10 >= champion {theirs:.5f} - {tolerance}",
                        "value": ours, "passed": bool(ours >= theirs - tolerance)})
     return {"passed": all(c["passed"] for c in checks), "checks": checks}
+
+
+def load_champion(ref: str | None, model_path: str | Path) -> dict | None:
+    """The champion's report for the gate: a report file (REGISTRY/current/backtest.json), or
+    models:/NAME@champion from the MLflow registry (the store of the model's run; None and a
+    note when no version holds the alias yet: the first deploy has nothing to beat)."""
+    if not ref:
+        return None
+    if not ref.startswith("models:/"):
+        return json.loads(Path(ref).read_text())
+    champion = tracking.champion_report(ref, model_file(model_path).parent)
+    if champion is None:
+        print(f"no model version holds {ref} yet: the champion rule is skipped")
+    return champion
 
 
 def evaluate_model(data: str, meta: dict, model_path: str, split: str, seed: int):
@@ -131,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", required=True, help="where the JSON report goes")
     p.add_argument("--split", default="test", choices=["test", "validation"])
     p.add_argument("--gate", default="", help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'")
-    p.add_argument("--champion", help="report of the deployed model: do not be worse than it")
+    p.add_argument("--champion", help="the deployed model's report, or models:/NAME@champion "
+                                      "(MLflow registry): do not be worse than it")
     p.add_argument("--tolerance", type=float, default=0.005, help="allowed NDCG@10 drop")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled negatives")
     p.add_argument("--baseline", help="another run (e.g. trained with --config sasrec) to "
@@ -139,19 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rules = parse_gate(args.gate)  # a malformed gate fails before the slow part
     report = run_backtest(args.data, args.model, args.split, args.seed, args.baseline)
-    champion = json.loads(Path(args.champion).read_text()) if args.champion else None
+    champion = load_champion(args.champion, args.model)
     report["gate"] = apply_gate(report["model"], rules, champion, args.tolerance) \
         if (rules or champion) else {"passed": None, "checks": []}
     atomic_write_bytes(Path(args.report), json.dumps(report, indent=2).encode())
+    tracking.log_report(model_file(args.model).parent, args.report, report, "backtest")
     print_table(report)
     for check in report["gate"]["checks"]:
         print(f"gate {'PASS' if check['passed'] else 'FAIL'}: {check['rule']} "
               f"(value {check['value']:.5f})")
     print(f"report: {args.report}")
     return 1 if report["gate"]["passed"] is False else 0
-
-
-
 
 def cli() -> None:
     from hvd_ctsm.errors import run_cli

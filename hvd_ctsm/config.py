@@ -166,6 +166,28 @@ class DistConfig:
 
 
 @dataclass
+class TrackingConfig:
+    enabled: bool = True
+    """Log the run to MLflow (rank 0 only): params, metrics, tags, artifacts; backtest, gate and
+    deploy add to the same run. Off, or without the mlflow package, only TensorBoard and the
+    JSON logs are written."""
+    uri: str = ""
+    """MLflow tracking URI (e.g. http://host:5000, databricks). Empty: the MLFLOW_TRACKING_URI
+    environment variable, else a local store beside the run folder that needs no server:
+    OUT/../mlflow/mlflow.db (SQLite) with its artifacts in OUT/../mlflow/artifacts."""
+    experiment: str = "hvd_ctsm"
+    """MLflow experiment the run goes to (on Databricks a workspace path such as
+    /Users/me/hvd_ctsm)."""
+    registered_model: str = "ctsm"
+    """Registered model that deploy adds a version to; its alias `champion` names the model
+    deployed last (moved only after a passed gate)."""
+
+    def __post_init__(self):
+        _check(bool(self.experiment.strip()), "tracking.experiment must not be empty")
+        _check(bool(self.registered_model.strip()), "tracking.registered_model must not be empty")
+
+
+@dataclass
 class TrainConfig:
     out: str = "runs/train"
     """Run folder: checkpoints/, tensorboard/, config.yaml, metrics.jsonl, model.pt."""
@@ -198,6 +220,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self):
         _check(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
@@ -301,5 +324,6 @@ def config_from_argv(argv: list[str], prog: str = "hvd-ctsm train"
     return cfg, args
 
 
-__all__ = ["ConfigError", "DataConfig", "DistConfig", "ModelConfig", "OptimConfig", "TrainConfig",
-           "config_from_argv", "config_yaml", "load_config", "save_config", "to_dict"]
+__all__ = ["ConfigError", "DataConfig", "DistConfig", "ModelConfig", "OptimConfig",
+           "TrackingConfig", "TrainConfig", "config_from_argv", "config_yaml", "load_config",
+           "save_config", "to_dict"]

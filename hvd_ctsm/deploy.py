@@ -9,6 +9,11 @@ gate did not pass, or that was made for another model file, is refused (exit cod
 a version that would miss a file (exit code 1): metadata.json and vocab.json come from the
 report's dataset (a relative path is also tried from the report's folder). The copy is checked
 against its sources before `current` moves. Exit codes: hvd_ctsm/errors.py.
+
+When the model's run was tracked in MLflow (RUN/mlflow_run.json, hvd_ctsm.tracking), the version
+is also registered there as a version of the registered model tracking.registered_model (pyfunc
+flavour, the version folder as its artifact), and its alias `champion` moves to it. The folder
+registry stays the offline fallback: scoring and --warm-start read it, with or without MLflow.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hvd_ctsm import tracking
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.backtest import model_file
 
@@ -110,7 +116,26 @@ def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path
         raise
     verify_version(registry / version, files)
     atomic_write_bytes(registry / "current", f"{version}\n".encode())
+    register_in_mlflow(model.parent, registry / version, report)
     return registry / version
+
+
+def register_in_mlflow(run_folder: Path, version: Path, report: dict) -> None:
+    """The MLflow registry beside the folder one (hvd_ctsm.tracking), when the model's run was
+    tracked: a model version with the pyfunc flavour, `champion` moved to it (the gate passed:
+    check_report refused anything else). The folder version is deployed either way: a store
+    that fails here costs the MLflow version only, said in one line."""
+    try:
+        registered = tracking.register(run_folder, version, report)
+    except Exception as exc:  # noqa: BLE001  the folder registry already holds the version
+        print(f"hvd_ctsm.deploy: warning: {version} is deployed, but MLflow did not register it "
+              f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); fix the store and "
+              "deploy again, or load it from the folder registry", file=sys.stderr)
+        return
+    if registered is not None:
+        name, number = registered
+        print(f"registered models:/{name}/{number} in MLflow; models:/{name}@{tracking.CHAMPION} "
+              "names it")
 
 
 def current(registry: str | Path) -> Path | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from hvd_ctsm import distributed as dist
-from hvd_ctsm import faults, outputs
+from hvd_ctsm import faults, outputs, tracking
 from hvd_ctsm.data import split_url
 from hvd_ctsm.elastic import (GlobalOrder, RowGroupCache, SampleClock, announce_size,
                               check_elastic_config, epoch_batches, plan_or_fail, row_groups,
@@ -72,7 +72,10 @@ def run(cfg, init_from: str | None = None) -> dict:
             outputs.claim(out, "run")  # --overwrite may replace it later (hvd_ctsm.outputs)
             from torch.utils.tensorboard import SummaryWriter
 
-            run_.writer = SummaryWriter(str(out / "tensorboard"))
+            # resume=True: a rank 0 that replaces a failed one adds to the run it started.
+            run_.writer = tracking.metrics_writer(
+                SummaryWriter(str(out / "tensorboard")), cfg, run_.meta, run_.backend.name,
+                dist.size(), resume=True)
         while state.epoch < cfg.epochs and not no_longer_improving(cfg, state.best, state.epoch):
             order = GlobalOrder(groups, cfg.seed, state.epoch)
             for rows, batch_ in epoch_batches(order, cache, state.rows, batch,

@@ -24,15 +24,12 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterable, Iterator
 from pathlib import Path
-
-import numpy as np
-import torch
 
 from hvd_ctsm import storage
 from hvd_ctsm.data import DatasetError
 from hvd_ctsm.schema import SERVING_SPLIT
+from hvd_ctsm.topk import client_states, score_rows  # noqa: F401  (the scoring core, re-exported)
 
 SCORE_COLUMNS = ("client_id", "rank", "item_id", "item", "score", "p_sale")
 SCORABLE_SPLITS = (SERVING_SPLIT, "test", "validation")
@@ -88,60 +85,6 @@ def scoring_split(data: str | Path, split: str | None = None) -> str:
                            f"{sorted(written)}): rebuild the features with "
                            "spark_jobs.build_features, or pick another --split")
     return split
-
-
-def _batch_from_rows(rows: list, max_len: int) -> dict:
-    """Padded history tensors; one 'target' per row at its last history position."""
-    from hvd_ctsm.data import collate
-
-    batch = collate(rows, max_len)
-    lengths = torch.tensor([int(r.history_len) for r in rows])
-    batch["target_row"] = torch.arange(len(rows))
-    batch["target_pos"] = (lengths - 1).clamp(min=0)
-    return batch
-
-
-def score_rows(model, rows: Iterable, k: int, items: list[str],
-               batch_size: int = 256) -> Iterator[tuple]:
-    """(client_id, rank, item_id, item, score, p_sale) for each row's top-K unseen items."""
-    max_len = model.sizes.max_len
-    chunk = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) == batch_size:
-            yield from _score_chunk(model, chunk, k, items, max_len)
-            chunk = []
-    if chunk:
-        yield from _score_chunk(model, chunk, k, items, max_len)
-
-
-@torch.no_grad()
-def client_states(model, rows: list, max_len: int) -> torch.Tensor:
-    """[rows, dim]: each row's state after the last event of its history."""
-    batch = _batch_from_rows(rows, max_len)
-    return model.encoder(batch)[batch["target_row"], batch["target_pos"]]
-
-
-@torch.no_grad()
-def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int) -> Iterator[tuple]:
-    states = client_states(model, rows, max_len)
-    scores = model.score(states)
-    for i, row in enumerate(rows):
-        seen = torch.as_tensor(np.asarray(row.client_items, dtype=np.int64))
-        scores[i, seen[(seen >= 0) & (seen < scores.shape[1])]] = float("-inf")
-    top = scores.topk(min(k, scores.shape[1]), dim=-1)
-    p_sale = None
-    if "sale" in model.heads:
-        expanded = states.unsqueeze(1).expand(-1, top.indices.shape[1], -1)
-        p_sale = model.p_sale(expanded, top.indices).numpy()
-    values, indices = top.values.numpy(), top.indices.numpy()
-    for i, row in enumerate(rows):
-        for rank in range(indices.shape[1]):
-            if not np.isfinite(values[i, rank]):
-                break  # fewer unseen items than K
-            item = int(indices[i, rank])
-            yield (str(row.client_id), rank + 1, items[item], item, float(values[i, rank]),
-                   None if p_sale is None else float(p_sale[i, rank]))
 
 
 def arrow_table(records: list[tuple]):

@@ -18,6 +18,7 @@ from tests.conftest import REPO
 PACKAGES = ("hvd_ctsm", "spark_jobs")
 TOP_LAYER = {"hvd_ctsm.api", "hvd_ctsm.cli"}  # may import anything; nothing imports them
 HOROVOD_HOME = "hvd_ctsm.distributed"  # the module (or package) that alone imports horovod
+MLFLOW_HOME = "hvd_ctsm.tracking"  # the package that alone imports mlflow
 
 
 def module_name(path: Path) -> str:
@@ -98,6 +99,27 @@ def test_horovod_is_imported_only_by_the_distribution_module():
             if any(n == "horovod" or n.startswith("horovod.") for n in imported_names(tree)):
                 offenders.append(name)
     assert offenders == [], f"import horovod only in {HOROVOD_HOME}, not in {offenders}"
+
+
+def test_mlflow_is_imported_only_by_the_tracking_package_and_lazily():
+    """hvd_ctsm.tracking alone imports mlflow, and its facade only inside functions: the
+    package works without mlflow installed."""
+    offenders = []
+    for folder in ("hvd_ctsm", "spark_jobs", "benchmarks"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            name = module_name(path)
+            tree = ast.parse(path.read_text(), str(path))
+            mlflow_names = {n for n in imported_names(tree) if n.split(".")[0] == "mlflow"}
+            if mlflow_names and not (name == MLFLOW_HOME or name.startswith(MLFLOW_HOME + ".")):
+                offenders.append(name)
+    assert offenders == [], f"import mlflow only in {MLFLOW_HOME}, not in {offenders}"
+    facade = ast.parse((REPO / "hvd_ctsm" / "tracking" / "__init__.py").read_text())
+    top_level = {alias.name for node in facade.body if isinstance(node, ast.Import)
+                 for alias in node.names}
+    top_level |= {node.module for node in facade.body if isinstance(node, ast.ImportFrom)}
+    assert not {n for n in top_level if n and n.split(".")[0] == "mlflow"}
+    assert not {n for n in top_level if n and n.startswith(MLFLOW_HOME + ".")} - {
+        MLFLOW_HOME + ".link"}
 
 
 def test_lower_layers_never_import_upward():

@@ -7,7 +7,8 @@
 
 Every rank reads its own shard and runs the same number of steps; gradients are averaged by the
 backend hvd_ctsm.distributed started (dist.backend); rank 0 alone writes checkpoints, TensorBoard
-and the final model, the same files whichever backend trained.
+(and the MLflow run, hvd_ctsm.tracking) and the final model, the same files whichever backend
+trained.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from hvd_ctsm import distributed as dist
-from hvd_ctsm import faults
+from hvd_ctsm import faults, tracking
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import CheckpointManager, load_state, save_state
 from hvd_ctsm.config import TrainConfig, save_config, to_dict
@@ -200,7 +201,9 @@ def setup_run(cfg: TrainConfig, resume: bool, init_from: str | None) -> tuple[Ru
         save_config(cfg, Path(cfg.out) / "config.yaml")
         from torch.utils.tensorboard import SummaryWriter
 
-        run.writer = SummaryWriter(str(Path(cfg.out) / "tensorboard"))
+        run.writer = tracking.metrics_writer(  # TensorBoard, and MLflow unless it is off
+            SummaryWriter(str(Path(cfg.out) / "tensorboard")), cfg, meta, run.backend.name,
+            dist.size(), resume)
         log.info("backend=%s ranks=%d steps/epoch=%d (shard rows %s) effective batch=%d "
                  "lr x%.3g", run.backend.name, dist.size(), plan.steps, plan.rows_per_shard,
                  effective_batch, scale)

@@ -1,0 +1,87 @@
+"""The MLflow model registry: a deployed version as a registered model version, its `champion`
+alias, and the champion's backtest report for the gate's --champion comparison."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+import warnings
+from pathlib import Path
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from hvd_ctsm.tracking.link import CHAMPION, RunLink
+from hvd_ctsm.tracking.pyfunc import VERSION_ARTIFACT, CtsmModel, signature
+
+log = logging.getLogger("hvd_ctsm.tracking")
+# A progress bar per download is noise in a step's log.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+MODEL_REF = re.compile(r"^models:/([^/@]+)@([A-Za-z0-9_-]+)$")
+
+
+def requirements() -> list[str]:
+    """The pins a serving environment needs besides hvd_ctsm itself (our wheel)."""
+    import numpy
+    import pandas
+    import torch
+
+    return [f"mlflow=={mlflow.__version__}", f"torch=={torch.__version__.split('+')[0]}",
+            f"numpy=={numpy.__version__}", f"pandas=={pandas.__version__}"]
+
+
+def register_version(link: RunLink, version: Path, report: dict) -> tuple[str, str]:
+    """Log the version folder as a pyfunc model in the run, register it under
+    link.registered_model and, when its gate passed, move the `champion` alias to it.
+    Returns (registered model name, version number)."""
+    meta = json.loads((version / "metadata.json").read_text())
+    mlflow.set_tracking_uri(link.tracking_uri)
+    with mlflow.start_run(run_id=link.run_id), warnings.catch_warnings():
+        # No input example on purpose: MLflow would load and run the model to check it; the
+        # explicit signature describes the input.
+        warnings.filterwarnings("ignore", message=".*input example was not provided.*")
+        info = mlflow.pyfunc.log_model(
+            name="model", python_model=CtsmModel(), artifacts={VERSION_ARTIFACT: str(version)},
+            signature=signature(list(meta.get("attrs", []))), pip_requirements=requirements(),
+            registered_model_name=link.registered_model)
+    number = str(info.registered_model_version)
+    client = MlflowClient(tracking_uri=link.tracking_uri)
+    gate = report.get("gate") or {}
+    tags = {"folder_version": version.name, "model_sha256": report.get("model_sha256", ""),
+            "gate.passed": str(gate.get("passed")),
+            "backtest.ndcg_at_10": str(report.get("model", {}).get("full", {}).get("ndcg@10"))}
+    for key, value in tags.items():
+        client.set_model_version_tag(link.registered_model, number, key, value)
+    if gate.get("passed") is True:
+        client.set_registered_model_alias(link.registered_model, CHAMPION, number)
+    return link.registered_model, number
+
+
+def champion_report(tracking_uri: str, ref: str) -> dict | None:
+    """The backtest report deployed with models:/NAME@ALIAS, or None when no version holds that
+    alias yet (the first deploy has nothing to beat)."""
+    match = MODEL_REF.match(ref)
+    if not match:
+        raise ValueError(f"--champion {ref!r}: expected models:/NAME@ALIAS (e.g. "
+                         f"models:/ctsm@{CHAMPION}) or a report file")
+    name, alias = match.groups()
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        found = client.get_model_version_by_alias(name, alias)
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return None
+        raise
+    mlflow.set_tracking_uri(tracking_uri)
+    with tempfile.TemporaryDirectory() as folder:
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=f"models:/{name}/{found.version}", dst_path=folder)
+        reports = sorted(Path(local).rglob("backtest.json"))
+        if not reports:
+            raise ValueError(f"{ref} (version {found.version}) holds no backtest.json: it was "
+                             "not registered by hvd_ctsm.deploy")
+        return json.loads(reports[0].read_text())

@@ -1,0 +1,227 @@
+"""MLflow tracking, registry and pyfunc flavour on real local MLflow stores (SQLite in tmp_path).
+
+The end-to-end test runs `./run.sh demo` itself (features, 2 Horovod ranks, backtest, gate,
+deploy, score) into tmp_path and reads what it left through MLflow's own client; the pyfunc
+model is then loaded from the registry and scored with pandas and with Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_ctsm.config import load_config
+from hvd_ctsm.tracking.link import flat_params, metric_key, read_link
+from tests.conftest import REPO
+
+DEMO_DATA = "synthetic:clients=160,items=60,events=6000,seed=11"
+DEMO_TRAIN = ["data.batch_size=16", "model.dim=32", "model.layers=1", "progress=false"]
+
+
+def test_metric_keys_and_params_are_what_mlflow_accepts():
+    assert metric_key("val_full/ndcg@10") == "val_full/ndcg_at_10"
+    assert metric_key("time_share/allreduce") == "time_share/allreduce"
+    assert metric_key("a:b") == "a_b"
+    params = flat_params({"optim": {"lr": 0.002}, "model": {"head_weights": {"sale": 0.1}}})
+    assert params == {"optim.lr": "0.002", "model.head_weights": '{"sale": 0.1}'}
+
+
+def test_without_mlflow_tracking_is_off_with_one_log_line(tmp_path):
+    """mlflow made unimportable (sys.modules entry None): the writer is TensorBoard's alone,
+    one warning says why, and no store is created."""
+    code = (
+        "import sys, logging; sys.modules['mlflow'] = None\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from hvd_ctsm import tracking\n"
+        "from hvd_ctsm.config import load_config\n"
+        f"cfg = load_config(None, ['out={tmp_path / 'run'}', 'data.path={tmp_path}'])\n"
+        "for _ in range(2):\n"
+        "    assert tracking.metrics_writer('TB', cfg, {}, 'horovod', 1, False) == 'TB'\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "MLflow tracking is off" in line]
+    assert len(lines) == 1 and "mlflow package cannot be imported" in lines[0]
+    assert not (tmp_path / "mlflow").exists()
+
+
+def test_a_run_in_the_default_local_store(tmp_path, monkeypatch):
+    """Params, tags, artifacts and buffered step metrics reach a SQLite store beside the run
+    folder; the off switch writes nothing."""
+    from mlflow import MlflowClient
+
+    from hvd_ctsm import tracking
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    data = tmp_path / "features"
+    data.mkdir()
+    (data / "metadata.json").write_text(json.dumps({"source": "synthetic:x", "counts": {}}))
+    off = load_config(None, [f"out={tmp_path / 'off' / 'run'}", f"data.path={data}",
+                             "tracking.enabled=false"])
+    assert tracking.metrics_writer("TB", off, {}, "horovod", 1, False) == "TB"
+    assert not (tmp_path / "off").exists()
+
+    cfg = load_config(None, [f"out={tmp_path / 'run'}", f"data.path={data}", "optim.lr=0.01"])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("epochs: 1\n")
+
+    class Board:
+        closed = False
+
+        def add_scalar(self, *args):
+            pass
+
+        def close(self):
+            Board.closed = True
+
+    writer = tracking.metrics_writer(Board(), cfg, {"source": "synthetic:x"}, "torch", 2, False)
+    for step in (10, 20):
+        writer.add_scalar("loss/next_item", 1.0 / step, step)
+        writer.add_scalar("val_full/ndcg@10", step / 100, step)
+    writer.close()
+    assert Board.closed
+    link = read_link(tmp_path / "run")
+    assert link.tracking_uri == f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}"
+    client = MlflowClient(link.tracking_uri)
+    run = client.get_run(link.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["optim.lr"] == "0.01"
+    assert run.data.tags["backend"] == "torch" and run.data.tags["ranks"] == "2"
+    assert run.data.tags["dataset.source"] == "synthetic:x"
+    history = client.get_metric_history(link.run_id, "val_full/ndcg_at_10")
+    assert [(m.step, m.value) for m in history] == [(10, 0.1), (20, 0.2)]
+    assert {a.path for a in client.list_artifacts(link.run_id)} == {"config.yaml",
+                                                                    "metadata.json"}
+    assert (tmp_path / "mlflow" / "artifacts").is_dir()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Path:
+    """`./run.sh demo` on a small synthetic set, 2 epochs, into a fresh WORK folder."""
+    work = tmp_path_factory.mktemp("demo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env |= {"WORK": str(work), "DATA": DEMO_DATA, "EPOCHS": "2", "NP": "2",
+            "GATE": "ndcg@10>=0.02", "VENV": sys.prefix, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(["bash", str(REPO / "run.sh"), "demo", *DEMO_TRAIN], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    return work
+
+
+def store_uri(work: Path) -> str:
+    return f"sqlite:///{work / 'mlflow' / 'mlflow.db'}"
+
+
+@pytest.mark.spark
+@pytest.mark.horovod
+@pytest.mark.slow
+def test_demo_ends_with_a_tracked_run_and_a_champion(demo):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(store_uri(demo))
+    champion = client.get_model_version_by_alias("ctsm", "champion")
+    assert str(champion.version) == "1" and champion.tags["folder_version"] == "v0001"
+    run = client.get_run(champion.run_id)
+    assert run.info.run_id == read_link(demo / "model").run_id
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["backend"] == "horovod" and run.data.tags["ranks"] == "2"
+    assert run.data.tags["gate.passed"] == "True"
+    assert run.data.params["epochs"] == "2" and run.data.params["model.dim"] == "32"
+    for key in ("loss/next_item", "lr", "samples_per_s", "time_share/allreduce",
+                "val_full/ndcg_at_10", "backtest/model/full/ndcg_at_10"):
+        assert key in run.data.metrics, key
+    report = json.loads((demo / "model" / "backtest.json").read_text())
+    assert run.data.metrics["backtest/model/full/ndcg_at_10"] == pytest.approx(
+        report["model"]["full"]["ndcg@10"])
+    assert {"config.yaml", "metadata.json", "train_summary.json", "backtest.json"} <= {
+        a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+@pytest.mark.spark
+@pytest.mark.horovod
+@pytest.mark.slow
+def test_champion_moves_only_after_a_passed_gate(demo, capsys):
+    """The gate reads the champion from the registry; a passing deploy moves the alias to the
+    new version, a refused one registers nothing and leaves it."""
+    from mlflow import MlflowClient
+
+    from hvd_ctsm import deploy, gate
+
+    model, report = demo / "model", demo / "model" / "backtest.json"
+    champion = ["--champion", "models:/ctsm@champion", "--tolerance", "0"]
+    assert gate.main(["--report", str(report), "--gate", "ndcg@10>=0.02", *champion]) == 0
+    checks = json.loads(report.read_text())["gate"]["checks"]
+    assert checks[-1]["rule"].startswith("full.ndcg@10 >= champion")  # read from the registry
+    assert deploy.main(["--model", str(model), "--report", str(report),
+                        "--registry", str(demo / "registry")]) == 0
+    client = MlflowClient(store_uri(demo))
+    assert str(client.get_model_version_by_alias("ctsm", "champion").version) == "2"
+    assert gate.main(["--report", str(report), "--gate", "ndcg@10>=1.01", *champion]) == 1
+    assert deploy.main(["--model", str(model), "--report", str(report),
+                        "--registry", str(demo / "registry")]) == 1
+    assert str(client.get_model_version_by_alias("ctsm", "champion").version) == "2"
+    assert len(client.search_model_versions("name='ctsm'")) == 2
+
+
+def serving_histories(features: Path):
+    """The serving rows of clients whose whole history fits the window and whose attributes
+    never change, as the pyfunc input (raw ids and names): exactly what batch scoring saw."""
+    import pandas as pd
+
+    from hvd_ctsm.data import open_reader, split_url
+    from hvd_ctsm.schema import EVENT_TYPES
+
+    vocab = json.loads((features / "vocab.json").read_text())
+    meta = json.loads((features / "metadata.json").read_text())
+    with open_reader(split_url(features, "serving"), 0, 1, seed=None, shuffle=False) as reader:
+        rows = [r for r in reader if r.history_len < meta["max_len"]
+                and (r.client_attrs == r.client_attrs[-1]).all()]
+    assert len(rows) >= 20
+    return pd.DataFrame({
+        "client_id": [str(r.client_id) for r in rows],
+        "items": [[vocab["items"][i] for i in r.item] for r in rows],
+        "event_types": [[EVENT_TYPES[t - 1] for t in r.event_type] for r in rows],
+        "values": [[float(v) for v in r.value] for r in rows],
+        "timestamps": [[int(t) for t in r.timestamp] for r in rows],
+        **{name: [vocab["attrs"][name][r.client_attrs[-1][i]] for r in rows]
+           for i, name in enumerate(meta["attrs"])}})
+
+
+@pytest.mark.spark
+@pytest.mark.horovod
+@pytest.mark.slow
+def test_pyfunc_from_the_registry_scores_pandas_and_spark(demo, spark):
+    """models:/ctsm@champion gives the same top-10 as batch scoring (hvd_ctsm.score) for the
+    same histories, with pandas and through spark_udf."""
+    import mlflow
+    import pandas as pd
+    from pyspark.sql.functions import struct
+
+    mlflow.set_tracking_uri(store_uri(demo))
+    histories = serving_histories(demo / "features")
+    model = mlflow.pyfunc.load_model("models:/ctsm@champion")
+    top = model.predict(histories, params={"k": 10})
+    assert list(top["client_id"]) == list(histories["client_id"])
+    batch = pd.read_parquet(demo / "scores.parquet").sort_values(["client_id", "rank"])
+    expected = batch.groupby("client_id")["item_id"].apply(list)
+    expected_scores = batch.groupby("client_id")["score"].apply(list)
+    for client, items, scores, history in zip(top["client_id"], top["item_ids"], top["scores"],
+                                              histories["items"], strict=True):
+        assert len(items) == 10 and not set(items) & set(history)
+        assert scores == pytest.approx(expected_scores[client], abs=1e-4)
+        assert items == expected[client]
+    three = model.predict(histories.head(2), params={"k": 3})
+    assert [len(items) for items in three["item_ids"]] == [3, 3]
+
+    udf = mlflow.pyfunc.spark_udf(spark, "models:/ctsm@champion", env_manager="local",
+                                  result_type="item_ids array<string>, scores array<double>")
+    frame = spark.createDataFrame(histories.head(8))
+    columns = list(histories.columns)
+    scored = frame.withColumn("top", udf(struct(*columns))).select("client_id", "top.item_ids")
+    by_spark = {row.client_id: list(row.item_ids) for row in scored.collect()}
+    assert by_spark == {c: expected[c] for c in histories["client_id"].head(8)}
