@@ -337,7 +337,7 @@ def main(argv=None) -> int:
     spark = get_spark(master=args.master, **conf)
     try:
         summary = build_features(spark, config)
-    except (SourceError, storage.StorageError) as err:  # bad input (hvd_ctsm.errors): exit 2
+    except (SourceError, storage.StorageError, validate.SchemaError) as err:  # bad input: 2
         print(f"hvd-ctsm-features: error: {err}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError, FileExistsError, ExecutorPythonError) as err:

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from hvd_ctsm import storage
 from spark_jobs.attributes import wide_to_long
+from spark_jobs.parquet_types import check_same_types
 from spark_jobs.synthetic import SyntheticParams, synthetic_source
 from spark_jobs.validate import SchemaError, check_columns
 
@@ -158,6 +159,8 @@ def read_table(spark, path: str) -> DataFrame:
             quote='"',
             escape='"',
         )
+    if not storage.is_remote(path):  # one line here, not Spark's trace mid-job
+        check_same_types(Path(location), "Parquet input")
     return spark.read.parquet(location)
 
 

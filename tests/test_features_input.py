@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -66,3 +67,39 @@ def test_two_identical_runs_write_identical_files(spark, tmp_path):
         assert names == [f"part-{i:05d}.parquet" for i in range(len(names))]
         for file in names:
             assert (outs[0] / name / file).read_bytes() == (outs[1] / name / file).read_bytes()
+
+
+def write_events_parquet(path: Path, client_ids: list) -> None:
+    n = len(client_ids)
+    pq.write_table(pa.table({"client_id": client_ids, "item_id": [f"i{i % 5}" for i in range(n)],
+                             "timestamp": [1_600_000_000 + i for i in range(n)],
+                             "event_type": ["purchase"] * n, "value": [1.0] * n}), path)
+
+
+def test_mixed_parquet_types_stop_in_one_line_naming_column_and_files(spark, tmp_path, capsys):
+    from spark_jobs.build_features import main
+
+    events = tmp_path / "events"
+    events.mkdir()
+    write_events_parquet(events / "a.parquet", list(range(20)))  # client_id int64
+    write_events_parquet(events / "b.parquet", [f"c{i}" for i in range(20)])  # string
+    before = {f.name: f.read_bytes() for f in events.iterdir()}
+    out = tmp_path / "out"
+    code = main(["--source", f"events:{events}", "--out", str(out), "--row-groups", "1"])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert err.count("\n") == 1 and "Traceback" not in err and "at org.apache" not in err, err
+    assert "'client_id'" in err and "int64 in a.parquet" in err and "string in b.parquet" in err
+    assert "rewrite the files with one type" in err
+    assert not out.exists() and not list(tmp_path.glob(".out*"))  # nothing written, no stage
+    assert {f.name: f.read_bytes() for f in events.iterdir()} == before  # nothing lost
+
+
+def test_types_spark_reads_as_one_are_not_refused(tmp_path):
+    from spark_jobs.parquet_types import check_same_types
+
+    pq.write_table(pa.table({"x": pa.array(["a", "b"]).dictionary_encode()}),
+                   tmp_path / "a.parquet")
+    pq.write_table(pa.table({"x": pa.array(["c"], pa.large_string())}), tmp_path / "b.parquet")
+    (tmp_path / "_SUCCESS").write_text("")  # hidden from Spark, not a Parquet file
+    check_same_types(tmp_path)  # string, dictionary<string> and large_string: all Spark strings
