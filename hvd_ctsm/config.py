@@ -154,8 +154,18 @@ class DistConfig:
     sleeping_wait: bool | None = None
     """Sleep, instead of Horovod's spin, while waiting for the gradient allreduce; None: on
     without CUDA, where a spinning rank takes a core the other ranks' compute needs."""
+    spark_nics: str | None = None
+    """Training on Spark with Horovod (horovod.spark): the network interfaces, comma-separated
+    (e.g. 'lo' or 'eth0,ib0'), that the Gloo ranks and Horovod's driver and task services use;
+    None: the HVD_CTSM_SPARK_NICS environment variable, else every interface the tasks share."""
+    spark_slot_wait_s: float = 120.0
+    """Training on Spark: seconds to wait for executors with num_proc task slots to register
+    before stopping with an error (executors of a new application register after it starts)."""
 
     def __post_init__(self):
+        _check(self.spark_slot_wait_s >= 0, "dist.spark_slot_wait_s must be >= 0")
+        _check(self.spark_nics is None or all(n.strip() for n in self.spark_nics.split(",")),
+               "dist.spark_nics must name interfaces, comma-separated (e.g. 'lo' or 'eth0')")
         _one_of("dist.backend", self.backend, {"auto", "horovod", "torch"})
         _one_of("dist.compression", self.compression, {"none", "fp16"})
         _one_of("dist.op", self.op, {"average", "adasum"})

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from hvd_ctsm.config import ConfigError, config_from_argv
@@ -33,7 +34,9 @@ def _train_rank(argv: list[str], env: dict[str, str]) -> dict:
     from hvd_ctsm import distributed, launch
 
     code = launch.main(list(argv))
-    return {"rank": distributed.launch_rank(), "exit_code": code}
+    # The interface Gloo used (horovod.spark sets it from the nics it was given or found).
+    return {"rank": distributed.launch_rank(), "exit_code": code,
+            "gloo_iface": os.environ.get("HOROVOD_GLOO_IFACE")}
 
 
 def spark_backend(choice: str) -> str:
@@ -64,6 +67,58 @@ def check_dataset(data: str, num_proc: int) -> None:
                                  "the features with more row groups or use fewer ranks")
 
 
+NICS_ENV = "HVD_CTSM_SPARK_NICS"  # the default of dist.spark_nics
+
+
+def spark_nics(setting: str | None) -> list[str] | None:
+    """The interfaces for horovod.spark: dist.spark_nics, else $HVD_CTSM_SPARK_NICS, else None
+    (Horovod picks every interface the tasks share)."""
+    text = setting or os.environ.get(NICS_ENV, "")
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        return None
+    import psutil
+
+    # Horovod's driver service binds on these too: a name this host lacks would only show up as
+    # a start timeout minutes later.
+    present = sorted(psutil.net_if_addrs())
+    missing = [n for n in names if n not in present]
+    if missing:
+        raise SparkTrainingError(f"network interface(s) {', '.join(missing)} (dist.spark_nics or "
+                                 f"${NICS_ENV}) not on this host, which has {', '.join(present)}: "
+                                 "name interfaces that the driver and every executor have")
+    return names
+
+
+def task_slots(spark) -> int:
+    """Task slots of the executors registered now: the scheduler's own count (what a barrier
+    stage checks). Not defaultParallelism: on a cluster it is at least 2 before any executor
+    has registered, and it follows spark.default.parallelism when that is set."""
+    context = spark.sparkContext
+    try:
+        jvm_context = context._jsc.sc()
+        profile = jvm_context.resourceProfileManager().defaultResourceProfile()
+        return int(jvm_context.maxNumConcurrentTasks(profile))
+    except Exception:  # noqa: BLE001  internals of another Spark version: the public estimate
+        return context.defaultParallelism
+
+
+def wait_for_task_slots(spark, num_proc: int, timeout_s: float, poll_s: float = 1.0) -> None:
+    """Return once the application has num_proc task slots; SparkTrainingError (one line)
+    when it still has fewer after timeout_s (Horovod needs every rank running at once)."""
+    deadline = time.monotonic() + timeout_s
+    slots = task_slots(spark)
+    while slots < num_proc and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        slots = task_slots(spark)
+    if slots < num_proc:
+        raise SparkTrainingError(
+            f"the Spark application has {slots} task slots after waiting {timeout_s:g} s for "
+            f"executors to register, fewer than num_proc={num_proc}: every rank needs its own "
+            "task (all run at once); lower num_proc, add executor cores or workers, or wait "
+            "longer (dist.spark_slot_wait_s)")
+
+
 def train_on_spark(argv: list[str], num_proc: int = 2, spark=None,
                    threads_per_rank: int | None = None, start_timeout: int | None = None,
                    local_mode: bool = False, use_gpu: bool = False) -> dict:
@@ -83,11 +138,11 @@ def train_on_spark(argv: list[str], num_proc: int = 2, spark=None,
 
         spark = get_spark(master=f"local[{num_proc}]", app_name="hvd_ctsm-train")
     backend = spark_backend(cfg.dist.backend)
-    slots = spark.sparkContext.defaultParallelism
-    if slots < num_proc and not (backend == "torch" and local_mode):
-        raise SparkTrainingError(f"the Spark application has {slots} task slots, fewer than "
-                                 f"num_proc={num_proc}: every rank needs its own task (all run "
-                                 "at once); lower num_proc or add executor cores")
+    if not (backend == "torch" and local_mode):  # local_mode: the ranks run on the driver
+        # A local master has its slots from the start; executors of a cluster register later.
+        local = spark.sparkContext.master.startswith("local")
+        wait_for_task_slots(spark, num_proc, 0 if local else cfg.dist.spark_slot_wait_s)
+    nics = spark_nics(cfg.dist.spark_nics) if backend == "horovod" else None
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // num_proc)
     env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     from hvd_ctsm import distributed
@@ -98,7 +153,8 @@ def train_on_spark(argv: list[str], num_proc: int = 2, spark=None,
                                                    local_mode=local_mode, use_gpu=use_gpu)]
         else:
             results = distributed.spark_run(_train_rank, args=(list(argv), env),
-                                            num_proc=num_proc, start_timeout=start_timeout)
+                                            num_proc=num_proc, start_timeout=start_timeout,
+                                            nics=nics)
     except Exception as exc:  # both report a failed rank as a bare RuntimeError
         raise SparkTrainingError(f"training on Spark failed: {exc}") from exc
     failed = [r for r in results if r["exit_code"] != 0]
@@ -106,4 +162,6 @@ def train_on_spark(argv: list[str], num_proc: int = 2, spark=None,
     if failed or not summary_path.exists():
         raise SparkTrainingError(f"training on Spark ended without {summary_path} "
                                  f"(rank results: {results})")
-    return json.loads(summary_path.read_text())
+    summary = json.loads(summary_path.read_text())
+    summary["spark_ranks"] = results  # each rank's exit code and Gloo interface (Horovod)
+    return summary

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hvd_ctsm.spark_train import SparkTrainingError, train_on_spark
+from hvd_ctsm.spark_train import NICS_ENV, SparkTrainingError, spark_nics, train_on_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
 SMALL = ["data.batch_size=64", "model.dim=16", "model.layers=1", "progress=false",
@@ -27,8 +27,9 @@ def test_two_ranks_on_spark_write_a_model_and_a_report(spark, ml_features, tmp_p
 
     out = tmp_path / "run"
     summary = train_on_spark(["--data", str(ml_features), "--out", str(out), "--epochs", "1",
-                              *SMALL], num_proc=2, spark=spark)
+                              "dist.spark_nics=lo", *SMALL], num_proc=2, spark=spark)
     assert summary["ranks"] == 2
+    assert [r["gloo_iface"] for r in summary["spark_ranks"]] == ["lo", "lo"]  # nics= reached Gloo
     assert summary["steps"] == summary["steps_per_epoch"] > 0  # one whole epoch
     checksums = summary["parameter_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1]  # ranks in sync
@@ -45,7 +46,27 @@ def test_two_ranks_on_spark_write_a_model_and_a_report(spark, ml_features, tmp_p
 
 
 def test_more_ranks_than_task_slots_is_refused_before_starting(spark, ml_features, tmp_path):
-    with pytest.raises(SparkTrainingError, match="task slots"):
+    with pytest.raises(SparkTrainingError, match="has 2 task slots after waiting 0 s") as err:
         train_on_spark(["--data", str(ml_features), "--out", str(tmp_path / "run")],
-                       num_proc=3, spark=spark)
+                       num_proc=3, spark=spark)  # local[2]: slots never grow, no waiting
+    assert "\n" not in str(err.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_network_interface_this_host_lacks_is_refused_in_one_line(spark, tiny_features,
+                                                                     tmp_path, monkeypatch):
+    monkeypatch.setenv(NICS_ENV, "lo,nosuchnic0")  # the environment's default of the setting
+    with pytest.raises(SparkTrainingError, match="nosuchnic0 .* not on this host") as err:
+        train_on_spark(["--data", str(tiny_features), "--out", str(tmp_path / "run")],
+                       num_proc=2, spark=spark)
+    assert "\n" not in str(err.value) and "lo" in str(err.value)  # names what the host has
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_nics_setting_wins_over_the_environment(monkeypatch):
+    monkeypatch.setenv(NICS_ENV, "nosuchnic0")
+    assert spark_nics(" lo ") == ["lo"]
+    monkeypatch.setenv(NICS_ENV, "lo")
+    assert spark_nics(None) == ["lo"]
+    monkeypatch.delenv(NICS_ENV)
+    assert spark_nics(None) is None  # Horovod's own choice

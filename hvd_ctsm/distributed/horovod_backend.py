@@ -170,17 +170,20 @@ def elastic_run(fn):
 
 
 def spark_run(fn, args: tuple = (), num_proc: int = 2, env: dict | None = None,
-              start_timeout: int | None = None, verbose: int = 1) -> list:
+              start_timeout: int | None = None, verbose: int = 1,
+              nics: list[str] | None = None) -> list:
     """Run fn(*args) as `num_proc` Horovod ranks over Gloo, one per Spark task of the active
     SparkContext (horovod.spark.run); returns fn's results in rank order.
 
     The ranks are processes started by the Spark tasks with the driver's interpreter, so
     executors must have the same Python environment (true in local mode and on a cluster with
-    the package installed on every node)."""
+    the package installed on every node). nics: the network interfaces Horovod's services and
+    the Gloo ranks use (None: every interface the tasks share)."""
     import horovod.spark
 
     return horovod.spark.run(fn, args=args, num_proc=num_proc, use_gloo=True, env=env,
-                             start_timeout=start_timeout, verbose=verbose)
+                             start_timeout=start_timeout, verbose=verbose,
+                             nics=set(nics) if nics else None)
 
 
 def torch_estimator(**kwargs):
