@@ -5,6 +5,7 @@
 # Jupyter-with-PySpark provide it). Run as a script it starts a local session instead:
 #
 #     python docs/notebook_example.py --work /tmp/ctsm-notebook
+#     python docs/notebook_example.py --master spark://head:7077 --work /shared/ctsm-notebook
 #
 # On a cluster, put WORK on storage that the driver and every executor see (e.g. /dbfs/...).
 
@@ -20,15 +21,17 @@ if __name__ == "__main__":  # as a script: parse the options a notebook would ha
     parser = argparse.ArgumentParser(description="the notebook API on synthetic data")
     parser.add_argument("--work", default=tempfile.mkdtemp(prefix="ctsm-notebook-"))
     parser.add_argument("--num-proc", type=int, default=2)
+    parser.add_argument("--master", help="a cluster's master (default: local[NUM_PROC])")
     options = parser.parse_args()
-    WORK, NUM_PROC = Path(options.work), options.num_proc
+    WORK, NUM_PROC, MASTER = Path(options.work), options.num_proc, options.master
 else:  # run by a test or %run with WORK (and maybe spark) already set
     WORK, NUM_PROC = Path(globals().get("WORK", tempfile.mkdtemp())), globals().get("NUM_PROC", 2)
+    MASTER = globals().get("MASTER")
 
-if globals().get("spark") is None:
+if globals().get("spark") is None:  # a notebook has its own; a script starts one
     from hvd_ctsm.spark_session import get_spark
 
-    spark = get_spark(master=f"local[{NUM_PROC}]", app_name="hvd_ctsm-notebook")
+    spark = get_spark(master=MASTER or f"local[{NUM_PROC}]", app_name="hvd_ctsm-notebook")
 
 # %% 1. Features: events -> time-safe sequences (Petastorm), in this SparkSession
 meta = make_features(spark, "synthetic:clients=160,items=60,events=6000,seed=3",

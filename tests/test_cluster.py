@@ -1,6 +1,9 @@
-"""A real Spark standalone cluster on 127.0.0.1: a master and one worker started with the installed
-PySpark's `spark-class`, the feature job submitted with `spark-submit --master spark://...` as the
-README says, and the master's own status asked whether the application ran there."""
+"""A real Spark standalone cluster on 127.0.0.1: a master and one 3-core worker started with the
+installed PySpark's `spark-class`, and the README's cluster commands run against it:
+`spark-submit --master spark://...` of the feature job, of the whole pipeline (2 training tasks
+through horovod.spark) and of the scoring job, and the notebook API (docs/notebook_example.py
+with --master). Each test asks the master's own status (its JSON UI) whether the application
+ran there, and the worker's whether its executors did the work."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
@@ -28,14 +32,40 @@ def free_port() -> int:
 
 
 def spark_env(tmp: Path) -> dict:
+    # HVD_CTSM_SPARK_NICS: Horovod's services and Gloo on loopback, where the cluster lives.
     return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(tmp),
             "SPARK_WORKER_DIR": str(tmp / "work"), "PYSPARK_PYTHON": sys.executable,
-            "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+            "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HVD_CTSM_SPARK_NICS": "lo"}
 
 
 def master_status(ui_port: int) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as reply:
         return json.load(reply)
+
+
+def app_ids(ui_port: int) -> set[str]:
+    status = master_status(ui_port)
+    return {app["id"] for app in status.get("completedapps", []) + status.get("activeapps", [])}
+
+
+def run_on_cluster(cluster, cmd: list[str], timeout: int = 540) -> tuple[dict, str]:
+    """Run `cmd` (a driver of one application); return the master's record of the one
+    application it registered, checked to have finished there with executors of our worker,
+    and the driver's stdout."""
+    url, ui, worker_ui, tmp = cluster
+    before = app_ids(ui)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env=spark_env(tmp))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    status = master_status(ui)
+    new = [app for app in status["completedapps"] if app["id"] not in before]
+    assert len(new) == 1 and not status["activeapps"], (new, status["activeapps"])
+    app = new[0]
+    assert app["state"] == "FINISHED" and app["cores"] >= 1, app
+    worker = master_status(worker_ui)  # the worker's own JSON status
+    ran = [e for e in worker["finishedexecutors"] + worker["executors"] if e["appid"] == app["id"]]
+    assert ran, f"no executor of {app['id']} on the worker: it ran in the driver alone"
+    return app, proc.stdout
 
 
 def wait_for(check, seconds: float, what: str):
@@ -53,7 +83,8 @@ def wait_for(check, seconds: float, what: str):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """(master URL, master UI port): a master and a 1-core worker, stopped afterwards."""
+    """(master URL, master UI port, worker UI port, folder): a master and a 3-core worker
+    (2 training ranks, plus one slot more for the slot-wait check), stopped afterwards."""
     tmp = tmp_path_factory.mktemp("cluster")
     port, ui, worker_ui = free_port(), free_port(), free_port()
     env = spark_env(tmp)
@@ -66,12 +97,12 @@ def cluster(tmp_path_factory):
     try:
         wait_for(lambda: master_status(ui), 90, "the master")
         procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker",
-                                       "--host", "127.0.0.1", "--cores", "1", "--memory", "2g",
+                                       "--host", "127.0.0.1", "--cores", "3", "--memory", "3g",
                                        "--webui-port", str(worker_ui), url], env=env,
                                       stdout=(tmp / "worker.log").open("w"),
                                       stderr=subprocess.STDOUT))
         wait_for(lambda: master_status(ui)["aliveworkers"] >= 1, 90, "the worker")
-        yield url, ui, tmp
+        yield url, ui, worker_ui, tmp
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -81,19 +112,78 @@ def cluster(tmp_path_factory):
                 proc.kill()
 
 
+def spark_submit(url: str, name: str, script: str, *args: str) -> list[str]:
+    """The README's form: spark-submit --master spark://HOST:7077 spark_jobs/SCRIPT ARGS."""
+    return [str(BIN / "spark-submit"), "--master", url, "--name", name,
+            "--conf", "spark.ui.enabled=false", "--executor-memory", "1g",
+            str(REPO / "spark_jobs" / script), *args]
+
+
 def test_spark_submit_runs_the_feature_job_on_the_cluster(cluster, tmp_path):
-    url, ui, tmp = cluster
     out = tmp_path / "features"
-    cmd = [str(BIN / "spark-submit"), "--master", url, "--name", "ctsm-cluster-features",
-           "--conf", "spark.ui.enabled=false", "--executor-memory", "1g",
-           str(REPO / "spark_jobs" / "build_features.py"),
-           "--source", "synthetic:clients=60,items=30,events=1500,seed=3", "--out", str(out),
-           "--row-groups", "2", "--max-len", "10"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=540, cwd=REPO,
-                          env=spark_env(tmp))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    app, _ = run_on_cluster(cluster, spark_submit(
+        cluster[0], "ctsm-cluster-features", "build_features.py",
+        "--source", "synthetic:clients=60,items=30,events=1500,seed=3", "--out", str(out),
+        "--row-groups", "2", "--max-len", "10"))
     assert (out / "metadata.json").exists()
-    status = master_status(ui)
-    apps = status.get("completedapps", []) + status.get("activeapps", [])
-    names = [app["name"] for app in apps]  # the job's own builder may rename the application
-    assert len(apps) == 1 and names[0] in ("ctsm-cluster-features", "hvd_ctsm-features"), names
+    # the job's own builder may rename the application
+    assert app["name"] in ("ctsm-cluster-features", "hvd_ctsm-features"), app["name"]
+
+
+TINY_TRAINING = ["epochs=1", "data.batch_size=16", "model.dim=16", "model.layers=1",
+                 "progress=false", "dist.threads_per_rank=1"]
+
+
+def test_pipeline_with_two_training_tasks_then_scoring_on_the_cluster(cluster, tmp_path):
+    url = cluster[0]
+    work, registry, scores = tmp_path / "work", tmp_path / "registry", tmp_path / "scores"
+    app, out = run_on_cluster(cluster, spark_submit(
+        url, "ctsm-cluster-pipeline", "pipeline.py",
+        "--source", "synthetic:clients=80,items=60,events=2000,seed=3", "--work", str(work),
+        "--registry", str(registry), "--num-proc", "2", "--row-groups", "4", "--max-len", "10",
+        "--gate", "sampled.hr@10>=0", *TINY_TRAINING))
+    assert app["name"] in ("ctsm-cluster-pipeline", "hvd_ctsm-pipeline"), app["name"]
+    assert app["cores"] >= 2  # both training ranks had a task slot at once
+    record = json.loads((work / "pipeline.json").read_text())
+    assert [s["step"] for s in record["steps"]] == ["features", "train", "backtest", "deploy"]
+    assert record["result"].startswith("deployed"), record
+    summary = json.loads((work / "model" / "train_summary.json").read_text())
+    assert summary["ranks"] == 2 and summary["steps"] > 0
+    app, out = run_on_cluster(cluster, spark_submit(
+        url, "ctsm-cluster-score", "score_topk.py", "--data", str(work / "features"),
+        "--model", str(registry), "--out", str(scores), "--k", "5"))
+    assert app["name"] in ("ctsm-cluster-score", "hvd_ctsm-score"), app["name"]
+    scored = json.loads(out.strip().splitlines()[-1])
+    clients = json.loads((work / "features" / "metadata.json").read_text())["counts"]["clients"]
+    assert scored["scored_clients"] == scored["clients"] == clients  # every client scored
+    assert scored["short"] == 0 and pq.read_table(scores).num_rows == scored["rows"] == 5 * clients
+
+
+def test_the_notebook_api_on_the_cluster(cluster, tmp_path):
+    app, out = run_on_cluster(cluster, [sys.executable, str(REPO / "docs" / "notebook_example.py"),
+                                        "--master", cluster[0], "--work", str(tmp_path)])
+    assert app["name"] == "hvd_ctsm-notebook"
+    assert "ranks: 2" in out  # train_model: two Horovod ranks on the cluster's executors
+    assert (tmp_path / "run" / "model.pt").exists() and (tmp_path / "backtest.json").exists()
+    assert pq.read_table(tmp_path / "scores").num_rows > 0
+
+
+SLOT_WAIT = """
+import json, sys
+from hvd_ctsm.spark_session import get_spark
+from hvd_ctsm.spark_train import task_slots, wait_for_task_slots
+spark = get_spark(master=sys.argv[1], app_name="ctsm-cluster-slots")
+first = (task_slots(spark), spark.sparkContext.defaultParallelism)  # no executor yet
+wait_for_task_slots(spark, 3, 120)
+print(json.dumps({"first": first, "after": task_slots(spark)}))
+"""
+
+
+def test_training_waits_for_the_executors_task_slots_to_register(cluster):
+    """Before: the slot check read defaultParallelism as the application started, which is 2
+    (Spark's floor) before any executor registers, so num_proc=3 was refused on a 3-slot
+    cluster (and num_proc=2 passed on a 1-slot one)."""
+    app, out = run_on_cluster(cluster, [sys.executable, "-c", SLOT_WAIT, cluster[0]])
+    readings = json.loads(out.strip().splitlines()[-1])
+    assert readings["first"][0] < 3 and readings["first"][1] < 3, readings  # none registered
+    assert readings["after"] == 3 == app["cores"]
