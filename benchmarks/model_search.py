@@ -30,8 +30,9 @@ LOG = RESULTS / "model_search.jsonl"
 TABLE = RESULTS / "model_search.md"
 
 
-# Settings that do not change what is learned (paths, logging) or that trials vary (seed).
-VOLATILE = {"out", "seed", "progress", "keep_checkpoints", "log_every_steps", "commit_every_steps"}
+# Settings that do not change what is learned (paths, logging, tracking) or that trials vary.
+VOLATILE = {"out", "seed", "progress", "keep_checkpoints", "log_every_steps", "commit_every_steps",
+            "tracking"}
 
 
 def config_fingerprint(trainer_args: list[str]) -> str:
@@ -42,14 +43,26 @@ def config_fingerprint(trainer_args: list[str]) -> str:
     return _fingerprint(to_dict(cfg))
 
 
-def run_fingerprint(run_folder: Path) -> str | None:
-    """The same fingerprint for a finished run, from the config.yaml it saved."""
-    from hvd_ctsm.config import load_config, to_dict
+def saved_config(run_folder: Path) -> dict | None:
+    """The config a finished run saved (config.yaml), as logged with its trial."""
+    import yaml
 
     saved = run_folder / "config.yaml"
-    if not saved.exists():
+    return yaml.safe_load(saved.read_text()) if saved.exists() else None
+
+
+def record_fingerprint(record: dict) -> str | None:
+    """The fingerprint of a logged trial's config read through today's config classes, so that
+    settings added since (at defaults that keep the old behaviour) do not tell them apart; None
+    when the record has no config or today's classes refuse it (a setting was removed)."""
+    from hvd_ctsm.config import ConfigError, TrainConfig, from_dict, to_dict
+
+    if not record.get("config"):
         return None
-    return _fingerprint(to_dict(load_config(str(saved))))
+    try:
+        return _fingerprint(to_dict(from_dict(TrainConfig, record["config"])))
+    except (ConfigError, TypeError, ValueError):
+        return None
 
 
 def _fingerprint(values: dict) -> str:
@@ -78,7 +91,7 @@ def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: in
     epochs = curve[-1]["epoch"]
     return {
         "trial": name, "seed": seed, "ranks": ranks, "overrides": overrides,
-        "config_sha": run_fingerprint(out),
+        "config": saved_config(out),
         "data": data.name, "epochs_run": epochs, "seconds": round(seconds, 1),
         "seconds_per_epoch": round(seconds / max(epochs, 1), 2),
         "best_epoch": best["epoch"], "model_epoch": summary.get("model_epoch"),

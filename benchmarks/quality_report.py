@@ -54,7 +54,8 @@ def matching(records: list[dict], data: str, fingerprint: str) -> dict[int, dict
     """The newest logged trial per seed for (data, fingerprint) at RANKS ranks."""
     found = {}
     for r in records:
-        if r["data"] == data and r["ranks"] == RANKS and r.get("config_sha") == fingerprint:
+        if (r["data"] == data and r["ranks"] == RANKS
+                and model_search.record_fingerprint(r) == fingerprint):
             found[r["seed"]] = r
     return found
 
