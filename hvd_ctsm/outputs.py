@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from hvd_ctsm import storage
+
 MARKER = ".hvd_ctsm-output.json"
 KINDS = ("features", "run", "scores", "registry")
 STALE_ELSEWHERE_S = 24 * 3600  # a temp folder of another host's job is stale after a day
@@ -56,11 +58,21 @@ def _overlaps(out: Path, source: Path) -> bool:
     return out == source or out in source.parents or source in out.parents
 
 
+def _url_overlaps(out: str, source: str) -> bool:
+    """_overlaps for URLs (s3://bucket/a): at a path boundary, so s3://b/ab is not in s3://b/a."""
+    out, source = out.rstrip("/"), source.rstrip("/")
+    return out == source or out.startswith(source + "/") or source.startswith(out + "/")
+
+
 def check_not_an_input(out: str | Path, inputs: Iterable[str | Path | None]) -> None:
-    """Refuse an output that is, holds or lies inside one of the command's inputs."""
-    target = Path(out).resolve()
+    """Refuse an output that is, holds or lies inside one of the command's inputs (local
+    folders, or URLs compared as text)."""
     for source in filter(None, inputs):
-        if _overlaps(target, Path(source).resolve()):
+        if storage.is_remote(out) or storage.is_remote(source):
+            overlaps = _url_overlaps(str(out), str(source))
+        else:
+            overlaps = _overlaps(Path(out).resolve(), Path(source).resolve())
+        if overlaps:
             raise UnsafeOutputError(
                 f"refusing to write {out}: it is, holds or lies inside the input {source}; "
                 "pick an --out outside every input")

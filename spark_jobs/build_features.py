@@ -29,6 +29,7 @@ from pyspark.sql import functions as F  # noqa: E402
 
 import hvd_ctsm  # noqa: E402
 from hvd_ctsm import storage  # noqa: E402
+from hvd_ctsm.outputs import check_not_an_input  # noqa: E402
 from hvd_ctsm.schema import OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT  # noqa: E402
 from spark_jobs import attributes, sequences, split, validate, vocab, write  # noqa: E402
 from spark_jobs.config import FeatureConfig, parse_time  # noqa: E402
@@ -109,11 +110,7 @@ def input_paths(config: FeatureConfig) -> list[str]:
 def _check_remote_out(config: FeatureConfig) -> None:
     """A URL --out is written once: an object store cannot swap a folder atomically, so an
     existing one is never replaced (nor one inside an input)."""
-    out = config.out.rstrip("/")
-    for source in (p.rstrip("/") for p in input_paths(config)):
-        if out == source or out.startswith(source + "/") or source.startswith(out + "/"):
-            raise OutputExistsError(f"refusing to write {config.out}: it is, holds or lies inside "
-                                    f"the input {source}; pick an --out outside every input")
+    check_not_an_input(config.out, input_paths(config))
     if storage.exists(config.out):
         raise OutputExistsError(f"output {config.out} exists; a URL output is never replaced "
                                 "(--overwrite applies to local folders): pick a new URL, e.g. "
