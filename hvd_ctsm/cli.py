@@ -64,7 +64,11 @@ def bench(argv: list[str]) -> int:
 
 
 def cli() -> None:
-    sys.exit(main())
+    """The console script: bad input is one line and exit 2, a crash one line and exit 1
+    (`--debug` shows the traceback), as each step's own program does."""
+    from hvd_ctsm.errors import run_cli
+
+    sys.exit(run_cli(main, "hvd-ctsm"))
 
 
 if __name__ == "__main__":

@@ -56,3 +56,14 @@ def test_bench_outside_a_checkout_says_where_to_run_it(tmp_path):
                           capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2 and "run it from the root of a checkout" in proc.stderr
+
+
+def test_bad_input_through_the_console_script_is_one_line_and_exit_2(tmp_path):
+    """Before: `hvd-ctsm backtest` with a missing dataset printed a traceback and exit 1."""
+    missing = tmp_path / "no-such-features"
+    proc = subprocess.run([sys.executable, "-m", "hvd_ctsm", "backtest", "--data", str(missing),
+                           "--model", str(tmp_path / "model"), "--report",
+                           str(tmp_path / "report.json")], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (f"hvd-ctsm: error: {missing} is not a folder: point --data "
+                                   "at a folder written by spark_jobs.build_features")
