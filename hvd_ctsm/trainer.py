@@ -1,0 +1,209 @@
+"""One rank's part of a training run, the same whichever route drives it.
+
+`Trainer` holds the model, its optimizer and schedule, and does what every route does: one
+optimizer step, logging averaged over ranks, validation combined over ranks, checkpoints and the
+final model. The routes differ only in how they walk the data: hvd_ctsm.train goes epoch by epoch
+over a fixed plan (horovodrun, torchrun, horovod.spark), hvd_ctsm.elastic_loop over a global
+order that survives a change of world size (Elastic Horovod).
+
+Rank 0 alone writes: config.yaml, TensorBoard (and the MLflow run, hvd_ctsm.tracking),
+checkpoints, metrics.jsonl, train_log.jsonl, model.pt and train_summary.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hvd_ctsm import distributed as dist
+from hvd_ctsm import faults, outputs, tracking
+from hvd_ctsm.atomic import atomic_write_bytes
+from hvd_ctsm.checkpoint import CheckpointManager, save_state
+from hvd_ctsm.config import TrainConfig, save_config, to_dict
+from hvd_ctsm.data import EpochPlan, eval_batches, read_metadata, split_url
+from hvd_ctsm.evaluate import evaluate, model_scorer
+from hvd_ctsm.model import CTSM
+from hvd_ctsm.train_support import StepTimer, autocast_for, build_model_sizes
+
+log = logging.getLogger("hvd_ctsm.train")
+
+
+def start_rank(cfg: TrainConfig) -> tuple[dict, torch.device, CTSM]:
+    """The dataset's metadata, the backend started, and this rank's model (same seed
+    everywhere)."""
+    meta = read_metadata(cfg.data.path)  # a bad dataset stops here, before any collective
+    dist.start(cfg.dist.backend, cfg.dist.threads_per_rank, cfg.dist.fusion_threshold_mb,
+               cfg.dist.cycle_time_ms)
+    device = torch.device(f"cuda:{dist.local_rank()}" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(cfg.seed)
+    model = CTSM.from_config(build_model_sizes(meta), asdict(cfg.model))
+    return meta, device, model.to(device)
+
+
+class Trainer:
+    """The model, its optimizer and schedule on this rank, and the steps of training it."""
+
+    def __init__(self, cfg: TrainConfig, meta: dict, model: CTSM, device: torch.device,
+                 optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
+                 *, net: torch.nn.Module, effective_batch: int, total_steps: int,
+                 plan: EpochPlan | None = None):
+        self.cfg, self.meta, self.model, self.device = cfg, meta, model, device
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.net = net  # what forward() is called on: the model, or its DDP wrapper
+        self.effective_batch, self.total_steps, self.plan = effective_batch, total_steps, plan
+        self.backend = dist.current()
+        self.timer = StepTimer()
+        self.autocast, self.scaler = autocast_for(cfg.amp, device)
+        self.out = Path(cfg.out)
+        self.writer = None  # rank 0's TensorBoard/MLflow writer, from open_logs()
+
+    def open_logs(self, resume: bool) -> None:
+        """Rank 0: claim the run folder, save the config, open TensorBoard (and MLflow)."""
+        if not dist.is_root() or self.writer is not None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        outputs.claim(self.out, "run")  # --overwrite may replace it later (hvd_ctsm.outputs)
+        save_config(self.cfg, self.out / "config.yaml")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = tracking.metrics_writer(
+            SummaryWriter(str(self.out / "tensorboard")), self.cfg, self.meta,
+            self.backend.name, dist.size(), resume)
+
+    def step(self, batches: Iterator[dict]) -> dict:
+        """backward_passes_per_step micro-batches, one gradient reduction, one optimizer step;
+        returns this rank's losses by head."""
+        cfg, timer, backend = self.cfg, self.timer, self.backend
+        micro = cfg.dist.backward_passes_per_step
+        losses: dict[str, float] = {}
+        for i in range(micro):
+            with timer("data"):
+                batch = {k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()}
+            with backend.accumulating(self.net, last=i == micro - 1):
+                with timer("forward"), self.autocast():
+                    head_losses = self.net(batch)
+                    loss = sum(cfg.model.head_weights[k] * v for k, v in head_losses.items())
+                with timer("backward"):
+                    self.scaler.scale(loss / micro).backward()
+            for k, v in head_losses.items():
+                losses[k] = losses.get(k, 0.0) + v.item() / micro
+        with timer("allreduce"):  # waiting for the averaged gradients (DDP: done in backward)
+            backend.finish_gradient_reduce(self.optimizer, cfg.dist.sleeping_wait)
+        with timer("step"):
+            self.scaler.unscale_(self.optimizer)
+            if cfg.optim.clip_grad_norm:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip_grad_norm)
+            with backend.stepping(self.optimizer):
+                self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad()  # Horovod's takes no set_to_none
+            self.scheduler.step()
+        return losses
+
+    def log(self, step: int, losses: dict, bar) -> None:
+        """Average losses and time shares over ranks (a collective), then rank 0 logs them."""
+        logged = dist.allreduce_mean({f"loss/{k}": v for k, v in losses.items()}
+                                     | self.timer.shares())
+        per_rank = dist.allgather_object(self.timer.busy_and_wait())  # a straggler shows by rank
+        if dist.is_root():
+            rate = self.effective_batch / max(logged["time/step_seconds"], 1e-9)
+            stragglers = faults.step_time_report(*map(list, zip(*per_rank, strict=True)))
+            if stragglers["slow_ranks"]:
+                log.warning("step %d: slow rank(s) %s: busy seconds per step by rank %s", step,
+                            stragglers["slow_ranks"], stragglers["busy_s_by_rank"])
+            record = logged | {"lr": self.scheduler.get_last_lr()[0], "samples_per_s": rate}
+            for key, value in record.items():
+                self.writer.add_scalar(key, value, step)
+            with open(self.out / "train_log.jsonl", "a") as f:
+                f.write(json.dumps({"step": step} | record | {"step_time": stragglers}) + "\n")
+            bar.set_postfix(loss=f"{logged['loss/next_item']:.3f}", rows_s=f"{rate:.0f}")
+        self.timer.reset()
+
+    def validate(self, record: dict) -> dict:
+        """Ranking and sale metrics on the validation split, sharded over ranks and combined
+        exactly (sums and counts over ranks, all labels gathered); rank 0 logs them with
+        `record` (epoch, step, ...) to TensorBoard and metrics.jsonl."""
+        self.model.eval()
+        batches = eval_batches(split_url(self.cfg.data.path, "validation"), dist.rank(),
+                               dist.size(), batch_size=256, max_len=self.model.sizes.max_len)
+        result = evaluate(batches, model_scorer(self.model, self.device),
+                          self.model.sizes.num_items, seed=self.cfg.seed)
+        self.model.train()
+        vector = dist.allreduce_sum(torch.tensor(result.ranking_vector()), name="val_sums")
+        labels = dist.allgather_object(result.labels)
+        probs = dist.allgather_object(result.probs)
+        metrics = result.summary(vector.tolist(), _concat(labels), _concat(probs))
+        if dist.is_root():
+            self._log_validation(metrics, record | metrics)
+        return metrics
+
+    def no_longer_improving(self, best: dict, epoch: int) -> bool:
+        """early_stop_evals validations in a row without a better NDCG@10 (the same on every
+        rank: validation metrics are combined over ranks)."""
+        cfg = self.cfg
+        if not cfg.early_stop_evals or "epoch" not in best or epoch >= cfg.epochs:
+            return False
+        return epoch - best["epoch"] >= cfg.early_stop_evals * cfg.eval_every_epochs
+
+    def checkpoint(self, checkpoints: CheckpointManager, position: dict,
+                   is_best: bool = False) -> None:
+        """A collective (every rank's RNG state is gathered, for an exact resume); rank 0
+        writes it."""
+        rng = dist.allgather_object(torch.get_rng_state())
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "position": position | {"rng": rng},
+                 "config": to_dict(self.cfg), "vocab_sha256": self.meta.get("vocab_sha256", "")}
+        if dist.is_root():
+            checkpoints.save(state, position["step"], is_best=is_best)
+
+    def finish(self, summary: dict, load_best: Callable[[], int | None]) -> dict:
+        """Check that the ranks ended in sync; rank 0 makes the best validated weights the model
+        (`load_best` loads them and returns their epoch, None to keep the last) and writes
+        model.pt and train_summary.json. Returns the summary."""
+        checksums = dist.allgather_object(parameter_checksum(self.model))
+        summary = summary | {"ranks": dist.size(), "effective_batch": self.effective_batch,
+                             "parameter_checksums": checksums}
+        if dist.is_root():
+            summary["model_epoch"] = load_best()
+            save_state(self.out / "model.pt", {
+                "model": self.model.state_dict(), "sizes": asdict(self.model.sizes),
+                "config": to_dict(self.cfg), "vocab_sha256": self.meta.get("vocab_sha256", "")})
+            atomic_write_bytes(self.out / "train_summary.json",
+                               json.dumps(summary, indent=2).encode())
+            self.writer.close()
+            log.info("done after %d steps; ranks in sync: %s", summary["steps"],
+                     len(set(checksums)) == 1)
+        return summary
+
+    def _log_validation(self, metrics: dict, record: dict) -> None:
+        step = record["step"]
+        for protocol in ("full", "sampled"):
+            for key, value in metrics[protocol].items():
+                self.writer.add_scalar(f"val_{protocol}/{key}", value, step)
+        for key, value in metrics.get("sale", {}).items():
+            self.writer.add_scalar(f"val_sale/{key}", value, step)
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        log.info("epoch %d val full ndcg@10=%.4f hr@10=%.4f | sampled ndcg@10=%.4f hr@10=%.4f",
+                 record["epoch"], metrics["full"]["ndcg@10"], metrics["full"]["hr@10"],
+                 metrics["sampled"]["ndcg@10"], metrics["sampled"]["hr@10"])
+
+
+def parameter_checksum(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _concat(per_rank: list[list[np.ndarray]]) -> np.ndarray:
+    arrays = [a for arrays in per_rank for a in arrays]
+    return np.concatenate(arrays) if arrays else np.zeros(0)
