@@ -25,13 +25,13 @@ usage: ./run.sh STEP [args...]
   demo       the whole chain on synthetic data, on CPU: features -> train (NP ranks) -> backtest -> gate -> deploy -> score
   test       the test suite (what CI runs); --fast: the unit tier only (about a minute)
   lint       ruff, isort and hadolint (the Dockerfiles)
-  features   the Spark feature job         (python -m spark_jobs.build_features ...)
+  features   the Spark feature job         (hvd-ctsm features ...)
   train      the trainer under horovodrun  (NP=2 ./run.sh train --data DIR ...)
              BACKEND=torch: under torchrun instead (DDP; MAX_RESTARTS=1 restarts from checkpoints)
-  backtest   offline evaluation + gate     (python -m hvd_ctsm.backtest ...)
-  gate       apply a deploy gate to a backtest report (python -m hvd_ctsm.gate ...)
-  deploy     copy a gated model into the registry (python -m hvd_ctsm.deploy ...)
-  score      top-K unseen items per client, Parquet (python -m hvd_ctsm.score ...)
+  backtest   offline evaluation + gate     (hvd-ctsm backtest ...)
+  gate       apply a deploy gate to a backtest report (hvd-ctsm gate ...)
+  deploy     copy a gated model into the registry (hvd-ctsm deploy ...)
+  score      top-K unseen items per client, Parquet (hvd-ctsm score ...)
   pipeline-spark  the whole chain as one Spark application (spark-submit spark_jobs/pipeline.py)
   elastic    elastic training on this machine (horovodrun --min-np 1 --max-np 2, see README)
   bench      every benchmark, then benchmarks/RESULTS.md (~1 h on 2 cores; --only; --quick
@@ -57,6 +57,10 @@ ensure_setup() {
 }
 
 py() { "$VENV/bin/python" "$@"; }
+
+# Every step is the package's one command, `hvd-ctsm STEP` (its console script, hvd_ctsm.cli);
+# this script adds only setup, the environment and the launchers (horovodrun, torchrun, Spark).
+step() { "$VENV/bin/hvd-ctsm" "$@"; }
 
 # Horovod launcher: Gloo on this one host; extra horovodrun flags via HOROVODRUN_ARGS.
 hvdrun() {
@@ -84,9 +88,9 @@ trainer_backend() {
 
 train_launch() {
     if [[ $(trainer_backend) == torch ]]; then
-        torchrun_launch -m hvd_ctsm.train "$@"
+        torchrun_launch --no-python "$VENV/bin/hvd-ctsm" train "$@"
     else
-        hvdrun "$VENV/bin/python" -m hvd_ctsm.train "$@"
+        hvdrun "$VENV/bin/hvd-ctsm" train "$@"
     fi
 }
 
@@ -95,19 +99,19 @@ demo() {
     local data=$WORK/features model=$WORK/model registry=$WORK/registry
     local source=${DATA:-synthetic:clients=1200,items=300,events=60000,seed=7}
     echo "[demo] 1/6 features: $source -> $data"
-    py -m spark_jobs.build_features --source "$source" --out "$data" --split leave-last-out \
+    step features --source "$source" --out "$data" --split leave-last-out \
         --master "local[2]" --overwrite
     echo "[demo] 2/6 train: $NP ranks, $(trainer_backend) backend (Gloo, CPU)"
     train_launch --data "$data" --out "$model" --config "${CONFIG:-default}" \
         --overwrite "epochs=${EPOCHS:-6}" "$@"
     echo "[demo] 3/6 backtest"
-    py -m hvd_ctsm.backtest --data "$data" --model "$model" --report "$model/backtest.json"
+    step backtest --data "$data" --model "$model" --report "$model/backtest.json"
     echo "[demo] 4/6 gate"
-    py -m hvd_ctsm.gate --report "$model/backtest.json" --gate "${GATE:-ndcg@10>=0.05}"
+    step gate --report "$model/backtest.json" --gate "${GATE:-ndcg@10>=0.05}"
     echo "[demo] 5/6 deploy"
-    py -m hvd_ctsm.deploy --model "$model" --report "$model/backtest.json" --registry "$registry"
+    step deploy --model "$model" --report "$model/backtest.json" --registry "$registry"
     echo "[demo] 6/6 score: top-10 per client from the deployed model"
-    py -m hvd_ctsm.score --data "$data" --model "$registry" --out "$WORK/scores.parquet" --k 10
+    step score --data "$data" --model "$registry" --out "$WORK/scores.parquet" --k 10
     if [[ -f $WORK/mlflow/mlflow.db ]]; then  # tracking on (the default) and mlflow installed
         echo "[demo] MLflow run, metrics and models:/ctsm@champion in $WORK/mlflow; browse them with:"
         echo "       $VENV/bin/mlflow ui --backend-store-uri sqlite:///$WORK/mlflow/mlflow.db"
@@ -147,19 +151,19 @@ main() {
     shift || true
     case $step in
         setup) setup ;;
-        doctor) ensure_setup; py -m hvd_ctsm.doctor "$@" ;;
+        doctor) ensure_setup; step doctor "$@" ;;
         demo) demo "$@" ;;
         test) run_tests "$@" ;;
         lint) ensure_setup; py -m ruff check . && py -m isort --check-only --diff . &&
             "$VENV/bin/hadolint" docker/Dockerfile.* ;;
-        features) ensure_setup; py -m spark_jobs.build_features "$@" ;;
+        features) ensure_setup; step features "$@" ;;
         train) ensure_setup; train_launch ${CONFIG:+--config "$CONFIG"} "$@" ;;
-        backtest) ensure_setup; py -m hvd_ctsm.backtest "$@" ;;
-        deploy) ensure_setup; py -m hvd_ctsm.deploy "$@" ;;
+        backtest) ensure_setup; step backtest "$@" ;;
+        deploy) ensure_setup; step deploy "$@" ;;
         elastic) ensure_setup; elastic "$@" ;;
         bench) ensure_setup; PATH="$VENV/bin:$PATH" py benchmarks/run_all.py "$@" ;;
-        gate) ensure_setup; py -m hvd_ctsm.gate "$@" ;;
-        score) ensure_setup; py -m hvd_ctsm.score "$@" ;;
+        gate) ensure_setup; step gate "$@" ;;
+        score) ensure_setup; step score "$@" ;;
         pipeline-spark) pipeline_spark "$@" ;;
         help | -h | --help) usage ;;
         *) echo "unknown step: $step" >&2; usage >&2; exit 2 ;;
