@@ -2,10 +2,11 @@
 the test tiers.
 
 Tiers are markers: `spark` (a local Spark session), `horovod` (real horovodrun workers), `slow`
-(seconds to minutes: subprocesses, wheels, Docker) and `unit`, which this file gives every test
-that has none of them and uses no Spark or dataset fixture: pure Python and torch in this process,
-seconds in all. `pytest --fast` (`./run.sh test --fast`) runs the unit tier only; plain `pytest`
-runs every tier, as CI does.
+(seconds to minutes: subprocesses, wheels, Docker), `faults` (injected failures), `e2e` (a whole
+chain through a user's entry point), `cluster` (a Spark standalone cluster) and `unit`, which this
+file gives every test that has none of the first three and uses no Spark or dataset fixture: pure
+Python and torch in this process, seconds in all. `pytest --fast` (`./run.sh test --fast`) runs
+the unit tier only; plain `pytest` runs every tier, as CI does.
 """
 
 from __future__ import annotations

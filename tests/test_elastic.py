@@ -16,7 +16,7 @@ import pytest
 from hvd_ctsm.data import split_url
 from hvd_ctsm.elastic import row_groups
 
-pytestmark = [pytest.mark.horovod, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.horovod, pytest.mark.spark, pytest.mark.slow, pytest.mark.faults]
 REPO = Path(__file__).resolve().parents[1]
 BATCH, EVERY, EPOCHS = 16, 3, 4  # 4 epochs: time for the rejoin (~15 s) at size 1
 RUN = ["--epochs", str(EPOCHS), f"commit_every_steps={EVERY}"]

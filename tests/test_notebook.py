@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow, pytest.mark.e2e]
 
 
 def test_notebook_example_runs_every_step(spark, tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from hvd_ctsm import deploy
 from tests.conftest import REPO, TINY_SOURCE
 
-pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow, pytest.mark.e2e]
 BIN = Path(sys.executable).parent
 TRAIN = ["epochs=1", "data.batch_size=16", "model.dim=16", "model.layers=1", "progress=false",
          "dist.threads_per_rank=1"]

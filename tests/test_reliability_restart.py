@@ -15,7 +15,7 @@ import pytest
 
 from hvd_ctsm.checkpoint import CheckpointManager, load_state, save_state
 
-pytestmark = [pytest.mark.horovod, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.horovod, pytest.mark.spark, pytest.mark.slow, pytest.mark.faults]
 EVERY = 4  # checkpoint_every_steps: a kill loses at most this many steps
 RUN = ["--epochs", "2", f"checkpoint_every_steps={EVERY}", "keep_checkpoints=3"]
 SLOW = {"HVD_CTSM_INJECT_STEP_DELAY": "*:0.15"}  # only to give the kill time to land mid-epoch

@@ -166,6 +166,7 @@ def test_a_run_stopped_under_one_backend_resumes_under_the_other(tiny_features, 
 @pytest.mark.horovod
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.faults
 def test_torchrun_restarts_after_a_worker_is_sigkilled_and_resumes(tiny_features, tmp_path,
                                                                    whole_horovod_run):
     """torchrun --max-restarts 1: one worker SIGKILLed inside epoch 2; torchrun stops the other,
