@@ -42,7 +42,7 @@ def read_shard(data: Path, rank: int, size: int, batch_size: int, fast: bool) ->
         npy_codec.use_fast_decoding = lambda schema: 0
     try:
         t0, rows = time.perf_counter(), 0
-        for batch in train_batches(url, rank, size, 0, plan, batch_size, int(meta["max_len"]),
+        for batch in train_batches(url, rank, size, 0, plan, batch_size, meta.max_len,
                                    seed=0):
             rows += batch["item"].shape[0]
         return rows / (time.perf_counter() - t0)

@@ -147,11 +147,11 @@ def cpu_by_thread(before: dict, after: dict, seconds: float) -> dict[str, float]
     return dict(sorted(shares.items(), key=lambda kv: -kv[1]))
 
 
-def preload(args, rank: int, size: int, meta: dict, rows: int) -> list[dict]:
+def preload(args, rank: int, size: int, meta, rows: int) -> list[dict]:
     url = split_url(args.data, "train")
     plan = plan_epoch(url, size, rows)
     plan = replace(plan, steps=min(plan.steps, args.batches))
-    return list(train_batches(url, rank, size, 0, plan, rows, int(meta["max_len"]), seed=0))
+    return list(train_batches(url, rank, size, 0, plan, rows, meta.max_len, seed=0))
 
 
 def timed_steps(model, optimizer, batches, args, backend, bpps: int) -> tuple[list, dict]:

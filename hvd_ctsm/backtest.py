@@ -25,7 +25,8 @@ import torch
 from hvd_ctsm import tracking
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import load_state
-from hvd_ctsm.data import check_same_vocabulary, eval_batches, read_metadata, split_url
+from hvd_ctsm.data import eval_batches, split_url
+from hvd_ctsm.dataset_meta import DatasetMeta, check_same_vocabulary, read_metadata
 from hvd_ctsm.evaluate import Popularity, evaluate, model_scorer
 from hvd_ctsm.model import CTSM
 
@@ -91,14 +92,14 @@ def load_champion(ref: str | None, model_path: str | Path) -> dict | None:
     return champion
 
 
-def evaluate_model(data: str, meta: dict, model_path: str, split: str, seed: int):
+def evaluate_model(data: str, meta: DatasetMeta, model_path: str, split: str, seed: int):
     """One saved model's EvalResult on a split of `data` (whose vocabulary it must share)."""
     model, state = load_model(model_path)
     check_same_vocabulary(state, meta, model_path, data,
                           "backtest on the features it was trained on (or retrain)")
-    batches = eval_batches(split_url(data, split), 0, 1, 256, int(meta["max_len"]))
+    batches = eval_batches(split_url(data, split), 0, 1, 256, meta.max_len)
     return evaluate(batches, model_scorer(model, torch.device("cpu")),
-                    int(meta["vocab"]["items"]), seed=seed)
+                    meta.num_items, seed=seed)
 
 
 def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
@@ -110,7 +111,7 @@ def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
     for name in ("train", split):  # a damaged or incomplete dataset stops before the model loads
         split_url(data, name)
     ours = evaluate_model(data, meta, model_path, split, seed)
-    num_items, max_len = int(meta["vocab"]["items"]), int(meta["max_len"])
+    num_items, max_len = meta.num_items, meta.max_len
     url = split_url(data, split)
     counts = Popularity.fit(eval_batches(split_url(data, "train"), 0, 1, 256, max_len), num_items)
     popularity = evaluate(eval_batches(url, 0, 1, 256, max_len), counts.scorer(), num_items,

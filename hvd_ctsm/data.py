@@ -12,7 +12,6 @@ skips exactly the batches it already trained on.
 from __future__ import annotations
 
 import itertools
-import json
 import queue
 import threading
 import warnings
@@ -25,7 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hvd_ctsm.schema import EVENT_TYPES, SCHEMA_VERSION
+# The dataset's header is read in hvd_ctsm.dataset_meta (no torch); its names are this module's
+# too (`as` re-exports them), beside the readers that use them.
+from hvd_ctsm.dataset_meta import DatasetError as DatasetError
+from hvd_ctsm.dataset_meta import DatasetMeta as DatasetMeta
+from hvd_ctsm.dataset_meta import check_same_vocabulary as check_same_vocabulary
+from hvd_ctsm.dataset_meta import read_metadata as read_metadata
+from hvd_ctsm.schema import EVENT_TYPES
 
 # Petastorm 0.13 calls pyarrow APIs deprecated since pyarrow 5: one warning per row group read, in
 # every reader thread. They say nothing about our data; keep the logs readable.
@@ -36,48 +41,13 @@ HISTORY_FIELDS = ("item", "event_type", "value", "log_gap")
 TARGET_FIELDS = ("target_pos", "target_item", "target_label", "target_log_dt")
 
 
-class DatasetError(ValueError):
-    """The dataset cannot be trained on; the message says why and what to do."""
-
-
-def check_same_vocabulary(state: dict, meta: dict, what: str, data, fix: str) -> None:
-    """A saved model or checkpoint (`state`) indexes items as the dataset (`meta`) does: the
-    same vocab.json bytes. The one check every reader of a model.pt or checkpoint makes."""
-    if state.get("vocab_sha256") != meta.get("vocab_sha256", ""):
-        raise DatasetError(f"{what} was trained on another vocabulary than {data}: {fix}")
-
-
-def read_metadata(data_dir: str | Path) -> dict:
-    """metadata.json of a feature dataset (a folder or a URL: hvd_ctsm.storage), its schema
-    version checked."""
-    from hvd_ctsm import storage
-
-    path = storage.join(data_dir, "metadata.json")
-    fix = "point --data at a folder written by spark_jobs.build_features"
-    if not storage.is_dir(data_dir):
-        raise DatasetError(f"{data_dir} is not a folder: {fix}")
-    try:
-        meta = json.loads(storage.read_bytes(path))
-    except FileNotFoundError as exc:
-        raise DatasetError(f"{path} not found: {fix}") from exc
-    except storage.StorageError:
-        raise
-    except ValueError as exc:
-        raise DatasetError(f"{path} is not valid JSON ({exc}): rebuild the features") from exc
-    version = meta.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise DatasetError(f"{data_dir} has schema version {version}, this trainer reads "
-                           f"{SCHEMA_VERSION}: rebuild the features with this version")
-    return meta
-
-
-def verify_split(data_dir: str | Path, name: str, meta: dict | None = None) -> None:
+def verify_split(data_dir: str | Path, name: str, meta: DatasetMeta | None = None) -> None:
     """Every Parquet file metadata.json lists for split `name` is there with its size and row
     count, and no other is; else DatasetError naming the file. Reads only the footers.
     Datasets written before the listing existed are not checked."""
     from hvd_ctsm import storage
 
-    split = (meta or read_metadata(data_dir)).get("splits", {}).get(name, {})
+    split = (meta or read_metadata(data_dir)).splits.get(name, {})
     if "files" in split:
         folder = storage.join(data_dir, split.get("path", name))
         fix = f"rebuild the features into a new folder ({data_dir} is damaged or incomplete)"
@@ -103,12 +73,10 @@ def verify_split(data_dir: str | Path, name: str, meta: dict | None = None) -> N
                                f"{fix}")
 
 
-def model_sizes_kwargs(meta: dict) -> dict:
+def model_sizes_kwargs(meta: DatasetMeta) -> dict:
     """ModelSizes fields from metadata.json (attribute order = client_attrs column order)."""
-    vocab = meta["vocab"]
-    return {"num_items": int(vocab["items"]), "num_event_types": len(EVENT_TYPES) + 1,
-            "attr_sizes": [int(n) for n in vocab.get("attrs", {}).values()],
-            "max_len": int(meta["max_len"])}
+    return {"num_items": meta.num_items, "num_event_types": len(EVENT_TYPES) + 1,
+            "attr_sizes": meta.attr_sizes, "max_len": meta.max_len}
 
 
 _VERIFIED: set[tuple[str, str]] = set()  # (dataset, split) checked by this process

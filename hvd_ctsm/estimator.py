@@ -88,9 +88,9 @@ def build_estimator(store_path: str, num_items: int, max_len: int, num_proc: int
 def fit_and_predict(spark, data: str, store: str, num_proc: int = 2, epochs: int = 2,
                     max_len: int = 20):
     """Fit on the train split's targets, transform the test split's; (model, predictions)."""
-    from hvd_ctsm.data import read_metadata
+    from hvd_ctsm.dataset_meta import read_metadata
 
-    num_items = int(read_metadata(data)["vocab"]["items"])
+    num_items = read_metadata(data).num_items
     estimator = build_estimator(store, num_items, max_len, num_proc, epochs)
     fitted = estimator.fit(sequence_frame(spark, data, "train", max_len))
     return fitted, fitted.transform(sequence_frame(spark, data, "test", max_len))

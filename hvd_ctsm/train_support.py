@@ -17,13 +17,14 @@ from hvd_ctsm import distributed as dist
 from hvd_ctsm import faults
 from hvd_ctsm.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.config import ConfigError, OptimConfig, TrainConfig
-from hvd_ctsm.data import check_same_vocabulary, model_sizes_kwargs
+from hvd_ctsm.data import model_sizes_kwargs
+from hvd_ctsm.dataset_meta import DatasetMeta, check_same_vocabulary
 from hvd_ctsm.model import ModelSizes
 
 log = logging.getLogger("hvd_ctsm.train")
 
 
-def build_model_sizes(meta: dict) -> ModelSizes:
+def build_model_sizes(meta: DatasetMeta) -> ModelSizes:
     return ModelSizes(**model_sizes_kwargs(meta))
 
 
@@ -116,7 +117,7 @@ def progress_bar(enabled: bool, total: int, initial: int):
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, desc="train")
 
 
-def restore(checkpoints: CheckpointManager, model, optimizer, scheduler, meta: dict,
+def restore(checkpoints: CheckpointManager, model, optimizer, scheduler, meta: DatasetMeta,
             root: bool) -> dict | None:
     """Rank 0 loads the newest good checkpoint (the others receive it by broadcast).
 

@@ -27,7 +27,8 @@ from hvd_ctsm import faults, outputs, tracking
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import CheckpointManager, save_state
 from hvd_ctsm.config import TrainConfig, save_config, to_dict
-from hvd_ctsm.data import EpochPlan, eval_batches, read_metadata, split_url
+from hvd_ctsm.data import EpochPlan, eval_batches, split_url
+from hvd_ctsm.dataset_meta import DatasetMeta, read_metadata
 from hvd_ctsm.evaluate import evaluate, model_scorer
 from hvd_ctsm.model import CTSM
 from hvd_ctsm.train_support import StepTimer, autocast_for, build_model_sizes
@@ -35,7 +36,7 @@ from hvd_ctsm.train_support import StepTimer, autocast_for, build_model_sizes
 log = logging.getLogger("hvd_ctsm.train")
 
 
-def start_rank(cfg: TrainConfig) -> tuple[dict, torch.device, CTSM]:
+def start_rank(cfg: TrainConfig) -> tuple[DatasetMeta, torch.device, CTSM]:
     """The dataset's metadata, the backend started, and this rank's model (same seed
     everywhere)."""
     meta = read_metadata(cfg.data.path)  # a bad dataset stops here, before any collective
@@ -50,7 +51,7 @@ def start_rank(cfg: TrainConfig) -> tuple[dict, torch.device, CTSM]:
 class Trainer:
     """The model, its optimizer and schedule on this rank, and the steps of training it."""
 
-    def __init__(self, cfg: TrainConfig, meta: dict, model: CTSM, device: torch.device,
+    def __init__(self, cfg: TrainConfig, meta: DatasetMeta, model: CTSM, device: torch.device,
                  optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
                  *, net: torch.nn.Module, effective_batch: int, total_steps: int,
                  plan: EpochPlan | None = None):
@@ -159,7 +160,7 @@ class Trainer:
         rng = dist.allgather_object(torch.get_rng_state())
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "position": position | {"rng": rng},
-                 "config": to_dict(self.cfg), "vocab_sha256": self.meta.get("vocab_sha256", "")}
+                 "config": to_dict(self.cfg), "vocab_sha256": self.meta.vocab_sha256}
         if dist.is_root():
             checkpoints.save(state, position["step"], is_best=is_best)
 
@@ -174,7 +175,7 @@ class Trainer:
             summary["model_epoch"] = load_best()
             save_state(self.out / "model.pt", {
                 "model": self.model.state_dict(), "sizes": asdict(self.model.sizes),
-                "config": to_dict(self.cfg), "vocab_sha256": self.meta.get("vocab_sha256", "")})
+                "config": to_dict(self.cfg), "vocab_sha256": self.meta.vocab_sha256})
             atomic_write_bytes(self.out / "train_summary.json",
                                json.dumps(summary, indent=2).encode())
             self.writer.close()

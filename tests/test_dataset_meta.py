@@ -1,0 +1,62 @@
+"""metadata.json read through DatasetMeta: typed names, and a damaged header refused in one line
+before any reader or model is built (pure units: a hand-written metadata.json in a folder)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hvd_ctsm.dataset_meta import DatasetError, DatasetMeta, check_same_vocabulary, read_metadata
+from hvd_ctsm.schema import SCHEMA_VERSION
+
+
+def write_meta(folder, **fields) -> None:
+    meta = {"schema_version": SCHEMA_VERSION, "max_len": 50, "attrs": ["age", "city"],
+            "vocab": {"items": 301, "attrs": {"age": 7, "city": 12}},
+            "vocab_sha256": "ab" * 32, "splits": {"train": {"rows": 10}}} | fields
+    (folder / "metadata.json").write_text(json.dumps(meta))
+
+
+def test_fields_have_typed_names(tmp_path):
+    write_meta(tmp_path)
+    meta = read_metadata(tmp_path)
+    assert isinstance(meta, DatasetMeta) and isinstance(meta, dict)  # still logged as JSON
+    assert (meta.max_len, meta.num_items) == (50, 301)
+    assert (meta.attr_names, meta.attr_sizes) == (["age", "city"], [7, 12])
+    assert meta.vocab_sha256 == "ab" * 32 and meta.splits == {"train": {"rows": 10}}
+    assert json.loads(json.dumps(meta))["vocab"]["items"] == 301
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"max_len": None}, "max_len is None"),
+    ({"max_len": "50"}, "max_len is '50'"),
+    ({"max_len": 0}, "max_len is 0"),
+    ({"vocab": {"items": True}}, "vocab.items is True"),
+    ({"vocab": []}, "vocab.items is None"),
+])
+def test_a_missing_or_mistyped_field_is_refused_in_one_line(tmp_path, fields, named):
+    write_meta(tmp_path, **fields)
+    with pytest.raises(DatasetError, match="expected a positive integer") as refused:
+        read_metadata(tmp_path)
+    message = str(refused.value)
+    assert named in message and "rebuild the features" in message and "\n" not in message
+
+
+def test_another_schema_version_or_not_an_object_is_refused(tmp_path):
+    write_meta(tmp_path, schema_version=SCHEMA_VERSION + 1)
+    with pytest.raises(DatasetError, match="schema version"):
+        read_metadata(tmp_path)
+    (tmp_path / "metadata.json").write_text("[1, 2]")
+    with pytest.raises(DatasetError, match="holds a list, not an object"):
+        read_metadata(tmp_path)
+
+
+def test_the_vocabulary_check_reads_a_plain_copy_of_metadata_too(tmp_path):
+    """A deployed model carries metadata.json as a file: its plain JSON works the same."""
+    write_meta(tmp_path)
+    plain = json.loads((tmp_path / "metadata.json").read_text())
+    check_same_vocabulary({"vocab_sha256": "ab" * 32}, plain, "the model", tmp_path, "retrain")
+    with pytest.raises(DatasetError, match="another vocabulary"):
+        check_same_vocabulary({"vocab_sha256": "cd" * 32}, read_metadata(tmp_path), "the model",
+                              tmp_path, "retrain")
