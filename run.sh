@@ -6,7 +6,8 @@
 # VENV (default .venv), MASTER (pipeline-spark's Spark master, default local[$NP]),
 # SPARK_SUBMIT_ARGS (pipeline-spark's extra spark-submit options, e.g. "--executor-memory 4g"),
 # WORK (where demo and pipeline-spark write, default runs/demo), DATA (their events
-# source), EPOCHS (their epochs, default 6), GATE (their deploy gate).
+# source), EPOCHS (their epochs, default 6), GATE (their deploy gate), ROW_GROUPS (the demo's
+# row groups per split, default 64; a small DATA needs fewer).
 # Extra arguments are passed on to the step's program.
 set -euo pipefail
 
@@ -101,7 +102,7 @@ demo() {
     local source=${DATA:-synthetic:clients=1200,items=300,events=60000,seed=7}
     echo "[demo] 1/6 features: $source -> $data"
     step features --source "$source" --out "$data" --split leave-last-out \
-        --master "local[2]" --overwrite
+        --row-groups "${ROW_GROUPS:-64}" --master "local[2]" --overwrite
     echo "[demo] 2/6 train: $NP ranks, $(trainer_backend) backend (Gloo, CPU)"
     train_launch --data "$data" --out "$model" --config "${CONFIG:-default}" \
         --overwrite "epochs=${EPOCHS:-6}" "$@"
