@@ -4,8 +4,10 @@
 # Knobs (environment): NP (Horovod ranks, default 2), CONFIG (trainer YAML preset),
 # BACKEND=torch (train with torchrun + DDP instead of horovodrun; TORCHRUN_ARGS, MAX_RESTARTS),
 # VENV (default .venv), MASTER (pipeline-spark's Spark master, default local[$NP]),
-# WORK (where demo writes, default runs/demo), DATA (the demo's events
-# source), EPOCHS (the demo's epochs, default 6), GATE (the demo's deploy gate).
+# SPARK_SUBMIT_ARGS (pipeline-spark's extra spark-submit options, e.g. "--executor-memory 4g"),
+# WORK (where demo and pipeline-spark write, default runs/demo), DATA (their events
+# source), EPOCHS (their epochs, default 6), GATE (their deploy gate), ROW_GROUPS (the demo's
+# row groups per split, default 64; a small DATA needs fewer).
 # Extra arguments are passed on to the step's program.
 set -euo pipefail
 
@@ -100,7 +102,7 @@ demo() {
     local source=${DATA:-synthetic:clients=1200,items=300,events=60000,seed=7}
     echo "[demo] 1/6 features: $source -> $data"
     step features --source "$source" --out "$data" --split leave-last-out \
-        --master "local[2]" --overwrite
+        --row-groups "${ROW_GROUPS:-64}" --master "local[2]" --overwrite
     echo "[demo] 2/6 train: $NP ranks, $(trainer_backend) backend (Gloo, CPU)"
     train_launch --data "$data" --out "$model" --config "${CONFIG:-default}" \
         --overwrite "epochs=${EPOCHS:-6}" "$@"
@@ -120,12 +122,15 @@ demo() {
 
 # The Spark route: one spark-submit application (features, horovod.spark training, backtest,
 # gate, deploy). The venv's bin goes first on PATH so that executors run its python. MASTER picks
-# the cluster (MASTER=spark://head:7077), default local[$NP].
+# the cluster (MASTER=spark://head:7077), default local[$NP]; SPARK_SUBMIT_ARGS adds spark-submit's
+# own options (executor cores and memory, --py-files); extra arguments go to pipeline.py.
 pipeline_spark() {
     ensure_setup
     local source=${DATA:-synthetic:clients=1200,items=300,events=60000,seed=7}
+    # shellcheck disable=SC2086
     PATH="$VENV/bin:$PATH" PYSPARK_PYTHON="$VENV/bin/python" "$VENV/bin/spark-submit" \
-        --master "${MASTER:-local[$NP]}" spark_jobs/pipeline.py --source "$source" --work "$WORK/pipeline" \
+        --master "${MASTER:-local[$NP]}" ${SPARK_SUBMIT_ARGS:-} \
+        spark_jobs/pipeline.py --source "$source" --work "$WORK/pipeline" \
         --registry "$WORK/registry" --num-proc "$NP" --config "${CONFIG:-default}" \
         --gate "${GATE:-ndcg@10>=0.05}" "epochs=${EPOCHS:-6}" "$@"
 }

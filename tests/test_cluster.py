@@ -1,9 +1,11 @@
 """A real Spark standalone cluster on 127.0.0.1: a master and one 3-core worker started with the
 installed PySpark's `spark-class`, and the README's cluster commands run against it:
-`spark-submit --master spark://...` of the feature job, of the whole pipeline (2 training tasks
-through horovod.spark) and of the scoring job, and the notebook API (docs/notebook_example.py
-with --master). Each test asks the master's own status (its JSON UI) whether the application
-ran there, and the worker's whether its executors did the work."""
+`spark-submit --master spark://...` of the feature job and of the scoring job,
+`MASTER=spark://... ./run.sh pipeline-spark` (the whole pipeline, 2 training tasks through
+horovod.spark), and the notebook API (docs/notebook_example.py with --master). Each test asks the
+master's own status (its JSON UI) whether the application ran there, and the worker's whether its
+executors did the work. To keep the tier short the notebook trains on the feature job's dataset
+(--features) instead of building a second one."""
 
 from __future__ import annotations
 
@@ -48,14 +50,15 @@ def app_ids(ui_port: int) -> set[str]:
     return {app["id"] for app in status.get("completedapps", []) + status.get("activeapps", [])}
 
 
-def run_on_cluster(cluster, cmd: list[str], timeout: int = 540) -> tuple[dict, str]:
-    """Run `cmd` (a driver of one application); return the master's record of the one
-    application it registered, checked to have finished there with executors of our worker,
-    and the driver's stdout."""
+def run_on_cluster(cluster, cmd: list[str], timeout: int = 540,
+                   env: dict | None = None) -> tuple[dict, str]:
+    """Run `cmd` (a driver of one application; `env` adds to its environment); return the
+    master's record of the one application it registered, checked to have finished there with
+    executors of our worker, and the driver's stdout."""
     url, ui, worker_ui, tmp = cluster
     before = app_ids(ui)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=spark_env(tmp))
+                          env={**spark_env(tmp), **(env or {})})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     status = master_status(ui)
     new = [app for app in status["completedapps"] if app["id"] not in before]
@@ -119,30 +122,42 @@ def spark_submit(url: str, name: str, script: str, *args: str) -> list[str]:
             str(REPO / "spark_jobs" / script), *args]
 
 
-def test_spark_submit_runs_the_feature_job_on_the_cluster(cluster, tmp_path):
-    out = tmp_path / "features"
+@pytest.fixture(scope="module")
+def cluster_features(cluster, tmp_path_factory) -> tuple[dict, Path]:
+    """The feature job by spark-submit on the cluster: (the master's record of the application,
+    the dataset it wrote), which the notebook test then trains on."""
+    out = tmp_path_factory.mktemp("cluster-features") / "features"
     app, _ = run_on_cluster(cluster, spark_submit(
         cluster[0], "ctsm-cluster-features", "build_features.py",
         "--source", "synthetic:clients=60,items=30,events=1500,seed=3", "--out", str(out),
         "--row-groups", "2", "--max-len", "10"))
+    return app, out
+
+
+def test_spark_submit_runs_the_feature_job_on_the_cluster(cluster_features):
+    app, out = cluster_features
     assert (out / "metadata.json").exists()
     # the job's own builder may rename the application
     assert app["name"] in ("ctsm-cluster-features", "hvd_ctsm-features"), app["name"]
 
 
-TINY_TRAINING = ["epochs=1", "data.batch_size=16", "model.dim=16", "model.layers=1",
-                 "progress=false", "dist.threads_per_rank=1"]
+TINY_TRAINING = ["data.batch_size=16", "model.dim=16", "model.layers=1", "progress=false",
+                 "dist.threads_per_rank=1"]  # with EPOCHS=1
 
 
-def test_pipeline_with_two_training_tasks_then_scoring_on_the_cluster(cluster, tmp_path):
+def test_run_sh_pipeline_with_two_training_tasks_then_scoring_on_the_cluster(cluster, tmp_path):
+    """The README's route: MASTER=spark://... ./run.sh pipeline-spark, its knobs in the
+    environment and the pipeline's own options after it."""
     url = cluster[0]
-    work, registry, scores = tmp_path / "work", tmp_path / "registry", tmp_path / "scores"
-    app, out = run_on_cluster(cluster, spark_submit(
-        url, "ctsm-cluster-pipeline", "pipeline.py",
-        "--source", "synthetic:clients=80,items=60,events=2000,seed=3", "--work", str(work),
-        "--registry", str(registry), "--num-proc", "2", "--row-groups", "4", "--max-len", "10",
-        "--gate", "sampled.hr@10>=0", *TINY_TRAINING))
-    assert app["name"] in ("ctsm-cluster-pipeline", "hvd_ctsm-pipeline"), app["name"]
+    work, registry, scores = tmp_path / "pipeline", tmp_path / "registry", tmp_path / "scores"
+    knobs = {"MASTER": url, "WORK": str(tmp_path), "NP": "2", "EPOCHS": "1",
+             "DATA": "synthetic:clients=80,items=60,events=2000,seed=3",
+             "GATE": "sampled.hr@10>=0", "CONFIG": "default", "VENV": sys.prefix,
+             "SPARK_SUBMIT_ARGS": "--executor-memory 1g --conf spark.ui.enabled=false"}
+    app, out = run_on_cluster(cluster, [
+        "bash", str(REPO / "run.sh"), "pipeline-spark", "--row-groups", "4", "--max-len", "10",
+        *TINY_TRAINING], env=knobs)
+    assert app["name"] == "hvd_ctsm-pipeline", app["name"]
     assert app["cores"] >= 2  # both training ranks had a task slot at once
     record = json.loads((work / "pipeline.json").read_text())
     assert [s["step"] for s in record["steps"]] == ["features", "train", "backtest", "deploy"]
@@ -159,12 +174,17 @@ def test_pipeline_with_two_training_tasks_then_scoring_on_the_cluster(cluster, t
     assert scored["short"] == 0 and pq.read_table(scores).num_rows == scored["rows"] == 5 * clients
 
 
-def test_the_notebook_api_on_the_cluster(cluster, tmp_path):
+def test_the_notebook_api_on_the_cluster(cluster, cluster_features, tmp_path):
+    """The notebook's steps on the cluster from the feature job's dataset (its step 1,
+    make_features, is that job's build_features in a notebook's session: tests/test_notebook.py
+    runs it)."""
     app, out = run_on_cluster(cluster, [sys.executable, str(REPO / "docs" / "notebook_example.py"),
-                                        "--master", cluster[0], "--work", str(tmp_path)])
+                                        "--master", cluster[0], "--work", str(tmp_path),
+                                        "--features", str(cluster_features[1])])
     assert app["name"] == "hvd_ctsm-notebook"
     assert "ranks: 2" in out  # train_model: two Horovod ranks on the cluster's executors
     assert (tmp_path / "run" / "model.pt").exists() and (tmp_path / "backtest.json").exists()
+    assert not (tmp_path / "features").exists()  # it trained on the dataset it was given
     assert pq.read_table(tmp_path / "scores").num_rows > 0
 
 
