@@ -100,6 +100,66 @@ def test_a_run_in_the_default_local_store(tmp_path, monkeypatch):
     assert (tmp_path / "mlflow" / "artifacts").is_dir()
 
 
+# A trainer's rank 0 in miniature: the real writer on a real store, a `with` block that raises,
+# then a crash (run_cli turns it into exit code 3, as hvd_ctsm.train's command does) or a Ctrl-C.
+STOPPED_TRAINER = """
+import sys
+from pathlib import Path
+from hvd_ctsm import tracking
+from hvd_ctsm.config import load_config
+from hvd_ctsm.errors import run_cli
+
+class Board:
+    def add_scalar(self, *args):
+        pass
+
+    def close(self):
+        pass
+
+def writer(name):
+    out = Path(sys.argv[1]) / name
+    out.mkdir()
+    cfg = load_config(None, [f"out={out}", f"data.path={sys.argv[1]}"])
+    return tracking.metrics_writer(Board(), cfg, {}, "horovod", 1, False)
+
+def main(argv):
+    try:
+        with writer(f"with-{argv[0]}") as board:
+            board.add_scalar("loss/next_item", 1.0, 1)
+            raise ValueError("a bug in the training loop")
+    except ValueError:
+        pass
+    board = writer(argv[0])
+    board.add_scalar("loss/next_item", 0.5, 7)
+    raise (KeyboardInterrupt if argv[0] == "interrupted" else RuntimeError)("stopped")
+
+sys.exit(run_cli(main, "hvd_ctsm.train", sys.argv[2:]))
+"""
+
+
+def test_a_stopped_training_ends_its_run_failed_or_killed(tmp_path, monkeypatch):
+    """A run the trainer never closed ends FAILED after a crash and KILLED after Ctrl-C (the
+    exit hook), with its last buffered metrics; a `with` block that raises ends FAILED."""
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    codes = {}
+    for how in ("crashed", "interrupted"):
+        proc = subprocess.run([sys.executable, "-c", STOPPED_TRAINER, str(tmp_path), how],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        codes[how] = proc.returncode
+        assert "Traceback" not in proc.stderr or how == "interrupted", proc.stderr[-2000:]
+    assert codes["crashed"] == 3 and codes["interrupted"] != 0
+    client = MlflowClient(store_uri(tmp_path))
+    status = {name: client.get_run(read_link(tmp_path / name).run_id).info.status
+              for name in ("crashed", "interrupted", "with-crashed", "with-interrupted")}
+    assert status == {"crashed": "FAILED", "interrupted": "KILLED", "with-crashed": "FAILED",
+                      "with-interrupted": "FAILED"}
+    history = client.get_metric_history(read_link(tmp_path / "crashed").run_id,
+                                        "loss/next_item")
+    assert [(m.step, m.value) for m in history] == [(7, 0.5)]
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
     """`./run.sh demo` on a small synthetic set, 2 epochs, into a fresh WORK folder. 8 row groups

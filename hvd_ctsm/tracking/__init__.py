@@ -3,6 +3,8 @@
 - The trainer's rank 0 opens a run (params: the resolved config; tags: backend, ranks, dataset,
   code version; artifacts: config.yaml, metadata.json, train_summary.json) and logs every scalar
   it writes to TensorBoard (losses, lr, samples/s, time shares, validation) to it as well.
+  The run ends FINISHED at writer.close(), FAILED or KILLED (Ctrl-C) when the process exits
+  without it, or when a `with writer:` block raises (hvd_ctsm.tracking.runs).
 - backtest and gate add their metrics, decision and report to the same run; deploy registers the
   version (pyfunc flavour: hvd_ctsm.tracking.pyfunc) and moves the `champion` alias to it.
 - The store: tracking.uri, else MLFLOW_TRACKING_URI, else SQLite beside the run folder

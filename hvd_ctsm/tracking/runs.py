@@ -2,12 +2,21 @@
 
 Everything goes through MlflowClient with explicit ids (no process-wide active run), so the
 trainer, a Spark driver or a test can hold several stores at once.
+
+How a run ends: the trainer's writer.close() marks it FINISHED; `with writer:` marks it FAILED
+(KILLED for Ctrl-C) when the block raises. A run still open when the process exits never reached
+close(): the training crashed (the trainer's exception became exit code 3) or was interrupted,
+so an exit hook marks it FAILED, or KILLED after an uncaught KeyboardInterrupt. A process killed
+by a signal (SIGKILL, or SIGTERM from a launcher) runs no hook: its run stays RUNNING.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +27,14 @@ from hvd_ctsm.tracking.link import RunLink, flat_params, metric_key, tracking_ur
 
 log = logging.getLogger("hvd_ctsm.tracking")
 BATCH = 100  # MLflow's limit of params (and tags) per log_batch call
+FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"  # MLflow's run end states
+
+
+def end_status(error: type[BaseException] | None) -> str:
+    """The end state of a run whose training stopped with `error` (None: it completed)."""
+    if error is None:
+        return FINISHED
+    return KILLED if issubclass(error, KeyboardInterrupt) else FAILED
 
 
 def code_version() -> str:
@@ -66,6 +83,13 @@ class TrackedRun:
         self.client = MlflowClient(tracking_uri=link.tracking_uri)
         self.pending: list[Metric] = []
 
+    def opened(self) -> TrackedRun:
+        """Mark this run as open in this process: the exit hook ends it unless finish() does
+        (in this process only: a forked child that exits must not end its parent's run)."""
+        self.opened_by = os.getpid()
+        OPEN_RUNS[self.link.run_id] = self
+        return self
+
     @classmethod
     def start(cls, cfg, meta: dict, backend: str, ranks: int, resume: bool) -> TrackedRun:
         """A new run for cfg.out (or, with --resume, the one its link names), with params,
@@ -82,14 +106,14 @@ class TrackedRun:
             run = cls(earlier)
             run.client.update_run(earlier.run_id, status="RUNNING")
             log.info("MLflow: resuming run %s in %s", earlier.run_id, uri)
-            return run
+            return run.opened()
         client = MlflowClient(tracking_uri=uri)
         experiment = experiment_id(client, cfg.tracking.experiment, artifacts)
         tags = {"backend": backend, "ranks": str(ranks), "hvd_ctsm.version": code_version(),
                 "run_folder": str(out.resolve()), **dataset_tags(meta, cfg.data.path)}
         created = client.create_run(experiment, run_name=out.name, tags=tags)
         link = RunLink(uri, experiment, created.info.run_id, cfg.tracking.registered_model)
-        run = cls(link)
+        run = cls(link).opened()
         params = [Param(k, v[:6000]) for k, v in flat_params(to_dict(cfg)).items()]
         for i in range(0, len(params), BATCH):
             run.client.log_batch(link.run_id, params=params[i:i + BATCH])
@@ -119,16 +143,39 @@ class TrackedRun:
         self.client.log_batch(self.link.run_id,
                               tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
-    def finish(self, out: Path) -> None:
+    def finish(self, out: Path | None, status: str = FINISHED) -> None:
+        """End the run: the buffered metrics, train_summary.json (when written), the status."""
+        OPEN_RUNS.pop(self.link.run_id, None)
         self.flush()
-        self.log_files(out / "train_summary.json")
-        self.client.set_terminated(self.link.run_id, "FINISHED")
+        if out is not None:
+            self.log_files(out / "train_summary.json")
+        self.client.set_terminated(self.link.run_id, status)
+
+
+OPEN_RUNS: dict[str, TrackedRun] = {}  # runs this process opened and has not ended yet
+
+
+@atexit.register
+def end_open_runs() -> None:
+    """At exit, runs nobody closed: the training stopped early. FAILED, or KILLED when the
+    process ends on an uncaught KeyboardInterrupt (sys.last_type; the trainer's command turns
+    other exceptions into exit code 3, so they leave no last_type)."""
+    status = end_status(getattr(sys, "last_type", None) or Exception)
+    for run in [run for run in OPEN_RUNS.values() if run.opened_by == os.getpid()]:
+        try:
+            run.finish(None, status)
+            log.info("MLflow: run %s ended %s (the training stopped before its end)",
+                     run.link.run_id, status)
+        except Exception as exc:  # noqa: BLE001  the process is exiting anyway
+            log.warning("MLflow: run %s could not be marked %s (%s: %s); it stays RUNNING",
+                        run.link.run_id, status, type(exc).__name__, exc)
 
 
 class TeeWriter:
     """TensorBoard's SummaryWriter and the MLflow run behind the writer's add_scalar/close, so
     the trainer logs each scalar once. An MLflow failure mid-run (a server gone) costs the MLflow
-    record, never the training: one warning, then TensorBoard alone."""
+    record, never the training: one warning, then TensorBoard alone. As a context manager (like
+    SummaryWriter), leaving the block closes it: FINISHED, or FAILED/KILLED on an exception."""
 
     def __init__(self, tensorboard, run: TrackedRun, out: Path):
         self.tensorboard, self.run, self.out = tensorboard, run, out
@@ -141,6 +188,7 @@ class TeeWriter:
         except Exception as exc:  # noqa: BLE001  tracking must never stop training
             log.warning("MLflow tracking stopped for this run (%s: %s); TensorBoard and the "
                         "JSON logs go on", type(exc).__name__, exc)
+            OPEN_RUNS.pop(self.run.link.run_id, None)  # the store failed: no retry at exit
             self.run = None
 
     def add_scalar(self, key: str, value, step: int) -> None:
@@ -148,10 +196,16 @@ class TeeWriter:
         if self.run is not None:
             self._mlflow(self.run.buffer, key, value, step)
 
-    def close(self) -> None:
+    def close(self, status: str = FINISHED) -> None:
         self.tensorboard.close()
         if self.run is not None:
-            self._mlflow(self.run.finish, self.out)
+            self._mlflow(self.run.finish, self.out, status)
+
+    def __enter__(self) -> TeeWriter:
+        return self
+
+    def __exit__(self, error_type, error, traceback) -> None:
+        self.close(end_status(error_type))
 
 
 def log_report(link: RunLink, report_path: Path, report: dict, step: str) -> None:
