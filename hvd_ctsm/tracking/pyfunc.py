@@ -9,35 +9,30 @@
 
 The input and output columns are hvd_ctsm.serving's. The MLflow model holds the folder-registry
 version (model.pt and its checksum, vocab.json, metadata.json, config.yaml, backtest.json) as one
-artifact; the class is pickled by reference, so hvd_ctsm (our wheel) must be installed wherever
-the model is loaded (driver and executors), as torch is.
+artifact, and the model as code (model_code.py, which builds a CtsmModel), so hvd_ctsm (our
+wheel) must be installed wherever the model is loaded (driver and executors), as torch is.
 """
 
 from __future__ import annotations
 
-import warnings
+import json
 from pathlib import Path
+from typing import Any
 
 import mlflow.pyfunc
+import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types.schema import Array, ColSpec, ParamSchema, ParamSpec, Schema
 
 VERSION_ARTIFACT = "version"  # the artifact key of the folder-registry version
+MODEL_CODE = Path(__file__).with_name("model_code.py")  # what deploy logs as the python_model
 DEFAULT_K = 10
-
-
-# MLflow warns, whenever the model is logged or loaded, that predict has no type hints: the
-# explicit signature (below) is what describes and validates the input, so the warning says
-# nothing here. Only that message is silenced.
-warnings.filterwarnings("ignore", message=".*type hints to the `predict` method.*")
 
 
 class CtsmModel(mlflow.pyfunc.PythonModel):
     """Loads model.pt, vocab.json and metadata.json once; predict scores histories."""
 
     def load_context(self, context):
-        import json
-
         from hvd_ctsm.checkpoint import load_state
         from hvd_ctsm.data import check_same_vocabulary
         from hvd_ctsm.model import CTSM
@@ -50,7 +45,10 @@ class CtsmModel(mlflow.pyfunc.PythonModel):
                               "the features it was trained on")
         self.model = CTSM.from_checkpoint(state)
 
-    def predict(self, context, model_input, params=None):
+    # The DataFrame hints tell MLflow that the explicit signature (below), not the hints,
+    # describes and validates the input; without hints it warns at every log and load.
+    def predict(self, context, model_input: pd.DataFrame,
+                params: dict[str, Any] | None = None) -> pd.DataFrame:
         from hvd_ctsm.serving import top_k_frame
 
         k = int((params or {}).get("k", DEFAULT_K))
@@ -70,3 +68,11 @@ def signature(attributes: list[str]) -> ModelSignature:
     outputs = Schema([ColSpec("string", "client_id"), ColSpec(Array("string"), "item_ids"),
                       ColSpec(Array("double"), "scores")])
     return ModelSignature(inputs, outputs, ParamSchema([ParamSpec("k", "long", DEFAULT_K)]))
+
+
+def input_example(version: Path) -> pd.DataFrame:
+    """One client with three of the model's items: logged with the model, and scored by MLflow
+    when deploy logs it (a check that the registered model loads and predicts)."""
+    items = [str(item) for item in json.loads((version / "vocab.json").read_text())["items"][1:4]]
+    return pd.DataFrame({"client_id": ["example"], "items": [items],
+                         "event_types": [["purchase"] * len(items)]})

@@ -8,7 +8,6 @@ import logging
 import os
 import re
 import tempfile
-import warnings
 from pathlib import Path
 
 import mlflow
@@ -16,7 +15,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from hvd_ctsm.tracking.link import CHAMPION, RunLink
-from hvd_ctsm.tracking.pyfunc import VERSION_ARTIFACT, CtsmModel, signature
+from hvd_ctsm.tracking.pyfunc import MODEL_CODE, VERSION_ARTIFACT, input_example, signature
 
 log = logging.getLogger("hvd_ctsm.tracking")
 # A progress bar per download is noise in a step's log.
@@ -40,14 +39,11 @@ def register_version(link: RunLink, version: Path, report: dict) -> tuple[str, s
     Returns (registered model name, version number)."""
     meta = json.loads((version / "metadata.json").read_text())
     mlflow.set_tracking_uri(link.tracking_uri)
-    with mlflow.start_run(run_id=link.run_id), warnings.catch_warnings():
-        # No input example on purpose: MLflow would load and run the model to check it; the
-        # explicit signature describes the input.
-        warnings.filterwarnings("ignore", message=".*input example was not provided.*")
+    with mlflow.start_run(run_id=link.run_id):
         info = mlflow.pyfunc.log_model(
-            name="model", python_model=CtsmModel(), artifacts={VERSION_ARTIFACT: str(version)},
+            name="model", python_model=str(MODEL_CODE), artifacts={VERSION_ARTIFACT: str(version)},
             signature=signature(list(meta.get("attrs", []))), pip_requirements=requirements(),
-            registered_model_name=link.registered_model)
+            input_example=input_example(version), registered_model_name=link.registered_model)
     number = str(info.registered_model_version)
     client = MlflowClient(tracking_uri=link.tracking_uri)
     gate = report.get("gate") or {}
