@@ -65,13 +65,15 @@ def backtest_model(data: str, model: str, gate: str = "", report: str | None = N
 
 
 def score_clients(spark, data: str, model: str, out: str, k: int = 10,
-                  overwrite: bool = False) -> dict:
+                  overwrite: bool = False, tracking_uri: str = "") -> dict:
     """Top-K unseen items per client as Parquet: on the cluster with a SparkSession (a folder),
-    in this process with spark=None (one file). `model`: registry, run folder or model.pt."""
+    in this process with spark=None (one file). `model`: registry, run folder, model.pt or
+    models:/NAME@ALIAS (from `tracking_uri`, else MLFLOW_TRACKING_URI, else DATA/../mlflow)."""
     if spark is None:
         from hvd_ctsm.score import score_dataset
 
-        return score_dataset(data, model, out, k)
+        return score_dataset(data, model, out, k, tracking_uri=tracking_uri)
     from spark_jobs.score_topk import score_topk
 
-    return score_topk(spark, str(data), str(model), str(out), k, overwrite=overwrite)
+    return score_topk(spark, str(data), str(model), str(out), k, overwrite=overwrite,
+                      tracking_uri=tracking_uri)

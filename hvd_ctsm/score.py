@@ -3,11 +3,14 @@
     python -m hvd_ctsm.score --data FEATURES --model REGISTRY --out scores.parquet --k 10
     spark-submit spark_jobs/score_topk.py ...      # the same, distributed (same options)
 
---model takes a registry (its `current` version), a run folder or a model.pt. Each client is
-scored from its row in the feature dataset's `serving` split: its latest events, all of them, so
-the state is the one after the client's newest event. Features built before the serving split
-existed have none: scoring then falls back to the `test` rows, whose histories stop before each
-client's last event (the held-out target), and logs a warning saying to rebuild the features.
+--model takes a registry (its `current` version), a run folder, a model.pt or a registered
+MLflow model (models:/ctsm@champion, models:/ctsm/3): the version's own files, from the store
+--tracking-uri names, else MLFLOW_TRACKING_URI, else the default local store beside the features
+(DATA/../mlflow). Each client is scored from its row in the feature dataset's `serving` split:
+its latest events, all of them, so the state is the one after the client's newest event.
+Features built before the serving split existed have none: scoring then falls back to the `test`
+rows, whose histories stop before each client's last event (the held-out target), and logs a
+warning saying to rebuild the features.
 `--split test|validation` scores those rows on purpose (e.g. to compare with a backtest).
 Items the client ever had (`client_items`, every event included) and padding are never
 recommended. Output rows: client_id, rank (1..K), item_id (the raw id from vocab.json), item
@@ -19,10 +22,12 @@ had gets them all and is counted as `short`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import logging
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +45,11 @@ class ScoringError(ValueError):
     """The inputs cannot be scored together; the message says why and what to do."""
 
 
+class ModelRefError(ScoringError):
+    """A models:/ --model that names no registered version here (bad URI, model, alias or
+    store); the message names the fix."""
+
+
 def resolve_model(path: str | Path) -> Path:
     """A registry folder (its current version), a run folder or a model.pt -> the model.pt."""
     from hvd_ctsm.backtest import model_file
@@ -52,6 +62,30 @@ def resolve_model(path: str | Path) -> Path:
     if not found.exists():
         raise ScoringError(f"no model at {path}: pass a registry, a run folder or a model.pt")
     return found
+
+
+@contextlib.contextmanager
+def model_source(model: str | Path, data: str | Path, tracking_uri: str = ""):
+    """The model.pt to score with: resolve_model's, or for models:/NAME@ALIAS the registered
+    version's own files, downloaded into a temporary folder for the duration of the block."""
+    from hvd_ctsm import tracking
+
+    if not tracking.is_model_uri(model):
+        yield resolve_model(model)
+        return
+    with tempfile.TemporaryDirectory(prefix="hvd_ctsm-model-") as folder:
+        try:
+            version = tracking.download_model(str(model), tracking_uri, data, Path(folder))
+        except ValueError as exc:
+            raise ModelRefError(str(exc)) from None
+        yield resolve_model(version)
+
+
+def model_inputs(data: str | Path, model: str | Path) -> tuple:
+    """The command's inputs that an output must not overlap (a models:/ URI is no path)."""
+    from hvd_ctsm import tracking
+
+    return (data,) if tracking.is_model_uri(model) else (data, model)
 
 
 def load_vocab_items(data: str | Path, model_state: dict) -> list[str]:
@@ -145,9 +179,9 @@ def summarize(records: list[tuple], clients: int, k: int) -> dict:
 
 
 def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: int = 10,
-                  split: str | None = None) -> dict:
-    """Score every client of `data`'s split (default: scoring_split) with the model; write
-    `out`; return a summary (which names the split scored)."""
+                  split: str | None = None, tracking_uri: str = "") -> dict:
+    """Score every client of `data`'s split (default: scoring_split) with the model (a path or
+    a models:/ URI, see model_source); write `out`; return a summary (which names the split)."""
     from hvd_ctsm.backtest import model_from_state
     from hvd_ctsm.checkpoint import load_state
     from hvd_ctsm.data import open_reader, split_url
@@ -155,10 +189,11 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
     t0 = time.perf_counter()
-    check_score_file(out, (data, model_path))
+    check_score_file(out, model_inputs(data, model_path))
     split = scoring_split(data, split)
     url = split_url(data, split)  # a damaged or incomplete dataset stops here
-    state = load_state(resolve_model(model_path))
+    with model_source(model_path, data, tracking_uri) as path:
+        state = load_state(path)
     items = load_vocab_items(data, state)
     model = model_from_state(state)
     with open_reader(url, 0, 1, seed=None, shuffle=False) as reader:
@@ -172,7 +207,11 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hvd_ctsm.score", description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="feature job output folder or URL (s3://...)")
-    p.add_argument("--model", required=True, help="registry, run folder or model.pt")
+    p.add_argument("--model", required=True,
+                   help="registry, run folder, model.pt or models:/NAME@ALIAS (MLflow)")
+    p.add_argument("--tracking-uri", default="",
+                   help="the MLflow store of a models:/ --model (default MLFLOW_TRACKING_URI, "
+                        "else DATA/../mlflow/mlflow.db)")
     p.add_argument("--out", required=True, help="Parquet file to write (a path or a URL)")
     p.add_argument("--k", type=int, default=10, help="items per client (default 10)")
     p.add_argument("--split", default=None, choices=SCORABLE_SPLITS,
@@ -180,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                         "test for features built before the serving split, with a warning)")
     args = p.parse_args(argv)
     try:
-        summary = score_dataset(args.data, args.model, args.out, args.k, args.split)
+        summary = score_dataset(args.data, args.model, args.out, args.k, args.split,
+                                args.tracking_uri)
     except (ScoringError, DatasetError) as exc:  # bad input: one line, exit 2 (hvd_ctsm.errors)
         print(f"hvd_ctsm.score: error: {exc}", file=sys.stderr)
         return 2

@@ -1,11 +1,14 @@
 """Batch scoring on Spark: the top-K items for every client, written as a Parquet folder.
 
     spark-submit spark_jobs/score_topk.py --data FEATURES --model REGISTRY --out SCORES --k 10
+    spark-submit spark_jobs/score_topk.py --data FEATURES --model models:/ctsm@champion ...
     score_topk(spark, data, model, out, k=10)        # from a notebook with its own session
 
 The same scoring as `python -m hvd_ctsm.score` (hvd_ctsm.score.score_rows), spread over the
 partitions of the feature dataset: the model's bytes are broadcast once and each partition loads
-the model, decodes its Petastorm rows and yields its clients' top-K. Rows come from the
+the model, decodes its Petastorm rows and yields its clients' top-K. A registered MLflow model
+(models:/NAME@ALIAS, --tracking-uri) is scored the same way: the driver downloads the version's
+own files (hvd_ctsm.score.model_source) and broadcasts its model.pt. Rows come from the
 `serving` split (every client's latest events) or, for features built before it existed, from
 the `test` split with a warning (hvd_ctsm.score.scoring_split). The output folder is built
 under a temporary name and renamed into place when complete.
@@ -48,21 +51,31 @@ def _partition_scorer(model_bytes, items, k: int):
 
 
 def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str | None = None,
-               overwrite: bool = False) -> dict:
-    """Score every client of the split (default: scoring_split) on the cluster; write OUT
-    (Parquet); return a summary (which names the split scored)."""
-    from hvd_ctsm.checkpoint import load_state
-    from hvd_ctsm.data import split_url
-    from hvd_ctsm.score import ScoringError, load_vocab_items, resolve_model, scoring_split
-    from spark_jobs.session import check_executors, job_settings
+               overwrite: bool = False, tracking_uri: str = "") -> dict:
+    """Score every client of the split (default: scoring_split) on the cluster with the model
+    (a registry, run folder, model.pt or models:/ URI); write OUT (Parquet); return a summary
+    (which names the split scored)."""
+    from hvd_ctsm.score import ScoringError, model_source, scoring_split
 
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
     t0 = time.time()
     split = scoring_split(data, split)
+    with model_source(model, data, tracking_uri) as path:
+        summary = _score_model(spark, data, model, path, out, k, split, overwrite)
+    return summary | {"split": split, "out": str(out), "seconds": round(time.time() - t0, 2)}
+
+
+def _score_model(spark, data: str, model: str, path: Path, out: str, k: int, split: str,
+                 overwrite: bool) -> dict:
+    """Score with the model file `path` (what `model` resolved to) into OUT, built in a stage."""
+    from hvd_ctsm.checkpoint import load_state
+    from hvd_ctsm.data import split_url
+    from hvd_ctsm.score import load_vocab_items, model_inputs
+    from spark_jobs.session import check_executors, job_settings
+
     split_url(data, split)  # a damaged or incomplete dataset stops here
-    path = resolve_model(model)
-    stage = write.staging_dir(Path(out), overwrite, "scores", (data, model))
+    stage = write.staging_dir(Path(out), overwrite, "scores", model_inputs(data, model))
     try:
         items = load_vocab_items(data, load_state(path))  # checks the model's checksum, vocab
         check_executors(spark)
@@ -72,7 +85,7 @@ def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str |
     except BaseException:
         write.discard(stage)
         raise
-    return summary | {"split": split, "out": str(out), "seconds": round(time.time() - t0, 2)}
+    return summary
 
 
 def _score_into(spark, stage: Path, data: str, path: Path, items: list, split: str, k: int):
@@ -95,7 +108,11 @@ def _score_into(spark, stage: Path, data: str, path: Path, items: list, split: s
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="score_topk", description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="feature job output folder")
-    p.add_argument("--model", required=True, help="registry, run folder or model.pt")
+    p.add_argument("--model", required=True,
+                   help="registry, run folder, model.pt or models:/NAME@ALIAS (MLflow)")
+    p.add_argument("--tracking-uri", default="",
+                   help="the MLflow store of a models:/ --model (default MLFLOW_TRACKING_URI, "
+                        "else DATA/../mlflow/mlflow.db)")
     p.add_argument("--out", required=True, help="output Parquet folder")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--split", default=None, choices=("serving", "test", "validation"),
@@ -104,13 +121,16 @@ def main(argv=None) -> int:
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     args = p.parse_args(argv)
     from hvd_ctsm.data import DatasetError
-    from hvd_ctsm.score import ScoringError
+    from hvd_ctsm.score import ModelRefError, ScoringError
     from spark_jobs.session import ExecutorPythonError, get_spark
 
     spark = get_spark(master=args.master, app_name="hvd_ctsm-score")
     try:
         summary = score_topk(spark, args.data, args.model, args.out, args.k, args.split,
-                             args.overwrite)
+                             args.overwrite, args.tracking_uri)
+    except ModelRefError as exc:  # a models:/ URI that names nothing here: bad input
+        print(f"score_topk: error: {exc}", file=sys.stderr)
+        return 2
     except (ScoringError, DatasetError, FileExistsError, ExecutorPythonError) as exc:
         print(f"score_topk: {exc}", file=sys.stderr)
         return 1

@@ -137,6 +137,7 @@ sys.exit(run_cli(main, "hvd_ctsm.train", sys.argv[2:]))
 """
 
 
+@pytest.mark.slow  # two Python processes that import mlflow (tens of seconds)
 def test_a_stopped_training_ends_its_run_failed_or_killed(tmp_path, monkeypatch):
     """A run the trainer never closed ends FAILED after a crash and KILLED after Ctrl-C (the
     exit hook), with its last buffered metrics; a `with` block that raises ends FAILED."""
@@ -287,3 +288,73 @@ def test_pyfunc_from_the_registry_scores_pandas_and_spark(demo, spark):
     scored = frame.withColumn("top", udf(struct(*columns))).select("client_id", "top.item_ids")
     by_spark = {row.client_id: list(row.item_ids) for row in scored.collect()}
     assert by_spark == {c: expected[c] for c in histories["client_id"].head(8)}
+
+
+def counts_line(capsys) -> dict:
+    """The summary a scoring command printed, without what differs from run to run."""
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return {key: value for key, value in summary.items() if key not in ("seconds", "out")}
+
+
+@pytest.mark.spark
+@pytest.mark.horovod
+@pytest.mark.slow
+def test_scoring_jobs_score_the_registered_champion(demo, spark, tmp_path, monkeypatch, capsys):
+    """hvd_ctsm.score and the Spark job score with models:/ctsm@champion (from the store beside
+    the features, or the one --tracking-uri names) exactly as with the folder registry: the
+    same rows, the same counts line."""
+    import pandas as pd
+
+    from hvd_ctsm import score
+    from spark_jobs import score_topk
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    features, registry = str(demo / "features"), str(demo / "registry")
+    by_folder, by_uri = tmp_path / "folder.parquet", tmp_path / "uri.parquet"
+    assert score.main(["--data", features, "--model", registry, "--out", str(by_folder)]) == 0
+    expected = counts_line(capsys)
+    assert score.main(["--data", features, "--model", "models:/ctsm@champion",
+                       "--out", str(by_uri)]) == 0  # the default store: DATA/../mlflow
+    assert counts_line(capsys) == expected
+    pd.testing.assert_frame_equal(pd.read_parquet(by_uri), pd.read_parquet(by_folder))
+
+    spark_out = tmp_path / "spark"
+    assert score_topk.main(["--data", features, "--model", "models:/ctsm@champion",
+                            "--tracking-uri", store_uri(demo), "--out", str(spark_out)]) == 0
+    assert counts_line(capsys) == expected
+    order = ["client_id", "rank"]
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(spark_out).sort_values(order).reset_index(drop=True),
+        pd.read_parquet(by_folder).sort_values(order).reset_index(drop=True))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left
+
+
+@pytest.mark.spark
+@pytest.mark.horovod
+@pytest.mark.slow
+def test_a_models_uri_that_names_nothing_is_one_line_and_exit_2(demo, spark, tmp_path,
+                                                                 monkeypatch, capsys):
+    from hvd_ctsm import score
+    from spark_jobs import score_topk
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    missing_store = tmp_path / "none" / "mlflow.db"
+    cases = {"models:/ctsm@nosuch": "no version of 'ctsm' has the alias 'nosuch'",
+             "models:/nosuch@champion": "no registered model 'nosuch'",
+             "models:/ctsm/99": "'ctsm' has no version 99",
+             "models:/ctsm": "use models:/NAME@ALIAS",
+             f"sqlite:///{missing_store}": f"no MLflow store at {missing_store}",
+             "nosuch://store": "cannot read models:/ctsm@champion from the MLflow store"}
+    for ref, problem in cases.items():
+        model, uri = ref, store_uri(demo)
+        if not ref.startswith("models:/"):  # a store that is not there
+            model, uri = "models:/ctsm@champion", ref
+        for job in (score, score_topk):
+            out = tmp_path / f"{job.__name__}.parquet"
+            code = job.main(["--data", str(demo / "features"), "--model", model,
+                             "--tracking-uri", uri, "--out", str(out)])
+            err = capsys.readouterr().err.strip().splitlines()
+            assert code == 2 and len(err) == 1 and problem in err[0], (ref, job, err)
+            assert "--tracking-uri" in err[0] or "models:/" in err[0]  # it names the fix
+            assert not out.exists()
+    assert not missing_store.parent.exists()  # no empty store was created

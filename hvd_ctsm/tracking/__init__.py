@@ -7,6 +7,8 @@
   without it, or when a `with writer:` block raises (hvd_ctsm.tracking.runs).
 - backtest and gate add their metrics, decision and report to the same run; deploy registers the
   version (pyfunc flavour: hvd_ctsm.tracking.pyfunc) and moves the `champion` alias to it.
+- Batch scoring reads a registered version (models:/NAME@ALIAS) as the folder version deploy
+  registered: download_model.
 - The store: tracking.uri, else MLFLOW_TRACKING_URI, else SQLite beside the run folder
   (OUT/../mlflow/mlflow.db, artifacts in OUT/../mlflow/artifacts): no server needed.
 - Off with tracking.enabled=false; without the mlflow package it is off too, with one log line.
@@ -23,11 +25,13 @@ import logging
 from functools import cache
 from pathlib import Path
 
-from hvd_ctsm.tracking.link import CHAMPION, LINK_FILE, RunLink, read_link, tracking_uri
+from hvd_ctsm.tracking.link import (CHAMPION, LINK_FILE, RunLink, is_model_uri, read_link,
+                                    registry_uri, tracking_uri)
 
 log = logging.getLogger("hvd_ctsm.tracking")
-__all__ = ["CHAMPION", "LINK_FILE", "RunLink", "champion_report", "log_report",
-           "metrics_writer", "mlflow_installed", "read_link", "register", "tracking_uri"]
+__all__ = ["CHAMPION", "LINK_FILE", "RunLink", "champion_report", "download_model",
+           "is_model_uri", "log_report", "metrics_writer", "mlflow_installed", "read_link",
+           "register", "tracking_uri"]
 
 
 @cache
@@ -105,3 +109,16 @@ def champion_report(ref: str, near: str | Path | None = None) -> dict | None:
     from hvd_ctsm.tracking.registry import champion_report as read_champion
 
     return read_champion(uri, ref)
+
+
+def download_model(ref: str, configured_uri: str, near: str | Path, destination: Path) -> Path:
+    """The version folder of models:/NAME@ALIAS (or models:/NAME/VERSION), downloaded into
+    `destination`, from the store `configured_uri`, else MLFLOW_TRACKING_URI, else the default
+    local store beside `near` (the feature folder). Bad input raises ValueError naming the fix."""
+    uri = registry_uri(configured_uri, near)
+    if not mlflow_installed():
+        raise ValueError(f"--model {ref} needs the mlflow package; install it (./run.sh setup) "
+                         "or pass the folder registry instead (REGISTRY, its `current` version)")
+    from hvd_ctsm.tracking.registry import download_version
+
+    return download_version(uri, ref, destination)

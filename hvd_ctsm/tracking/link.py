@@ -17,6 +17,7 @@ from hvd_ctsm.atomic import atomic_write_bytes
 LINK_FILE = "mlflow_run.json"
 STORE_FOLDER = "mlflow"  # beside the run folder: several runs (and deploys) share one store
 CHAMPION = "champion"  # the registered model's alias for the deployed version
+MODEL_URI_PREFIX = "models:/"  # models:/NAME@ALIAS or models:/NAME/VERSION
 
 
 @dataclass
@@ -44,6 +45,32 @@ def tracking_uri(configured: str, out: str | Path) -> tuple[str, str | None]:
     if uri:
         return uri, None
     return local_store(out)
+
+
+def is_model_uri(ref: str | Path | None) -> bool:
+    """Whether a --model argument names a registered model version rather than a path."""
+    return str(ref or "").startswith(MODEL_URI_PREFIX)
+
+
+def registry_uri(configured: str, near: str | Path) -> str:
+    """The store to read a registered model from: `configured`, else MLFLOW_TRACKING_URI, else
+    the default local store beside `near` (a feature or run folder: NEAR/../mlflow, where the
+    trainer and deploy write when nothing else is set). A local SQLite store must exist: MLflow
+    would otherwise create an empty one and report the model as unknown."""
+    uri = configured.strip() or os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if not uri:
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", str(near)):
+            raise ValueError(f"no MLflow store to read models from: {near} is a URL, so there is "
+                             "no default local store beside it; pass --tracking-uri or set "
+                             "MLFLOW_TRACKING_URI")
+        uri = local_store(near)[0]
+    if uri.startswith("sqlite:///"):
+        database = Path(uri[len("sqlite:///"):])
+        if not database.is_file():
+            raise ValueError(f"no MLflow store at {database}: pass --tracking-uri (or set "
+                             "MLFLOW_TRACKING_URI) to the store that deploy registered the "
+                             "model in, e.g. sqlite:///WORK/mlflow/mlflow.db")
+    return uri
 
 
 def write_link(folder: str | Path, link: RunLink) -> None:

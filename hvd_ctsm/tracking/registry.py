@@ -21,6 +21,7 @@ log = logging.getLogger("hvd_ctsm.tracking")
 # A progress bar per download is noise in a step's log.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 MODEL_REF = re.compile(r"^models:/([^/@]+)@([A-Za-z0-9_-]+)$")
+MODEL_VERSION_REF = re.compile(r"^models:/([^/@]+)/([0-9]+)$")
 
 
 def requirements() -> list[str]:
@@ -81,3 +82,57 @@ def champion_report(tracking_uri: str, ref: str) -> dict | None:
             raise ValueError(f"{ref} (version {found.version}) holds no backtest.json: it was "
                              "not registered by hvd_ctsm.deploy")
         return json.loads(reports[0].read_text())
+
+
+def find_version(client: MlflowClient, ref: str):
+    """The model version that models:/NAME@ALIAS or models:/NAME/VERSION names; ValueError
+    naming the fix when the URI, the model or the version is wrong."""
+    by_alias, by_number = MODEL_REF.match(ref), MODEL_VERSION_REF.match(ref)
+    if not (by_alias or by_number):
+        raise ValueError(f"{ref!r} is not a registered model URI: use models:/NAME@ALIAS (e.g. "
+                         f"models:/ctsm@{CHAMPION}) or models:/NAME/VERSION")
+    name, wanted = (by_alias or by_number).groups()
+    try:
+        model = client.get_registered_model(name)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise ValueError(f"no registered model {name!r} in {client.tracking_uri}: deploy a "
+                         "tracked run first, or pass the --tracking-uri of the store it was "
+                         "registered in") from None
+    if by_alias and wanted not in model.aliases:
+        raise ValueError(f"{ref}: no version of {name!r} has the alias {wanted!r} (aliases: "
+                         f"{dict(model.aliases) or 'none'}); deploy a model that passes its "
+                         f"gate, or name a version: models:/{name}/NUMBER")
+    number = model.aliases[wanted] if by_alias else wanted
+    try:
+        return client.get_model_version(name, str(number))
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise ValueError(f"{ref}: {name!r} has no version {number}; list its versions in the "
+                         "MLflow UI, or use models:/NAME@ALIAS") from None
+
+
+def download_version(tracking_uri: str, ref: str, destination: Path) -> Path:
+    """The folder-registry version (model.pt, vocab.json, metadata.json, ...) that deploy
+    registered as models:/NAME@ALIAS or models:/NAME/VERSION, downloaded into `destination`."""
+    try:
+        client = MlflowClient(tracking_uri=tracking_uri)
+        found = find_version(client, ref)
+        source = client.get_model_version_download_uri(found.name, found.version)
+        local = Path(mlflow.artifacts.download_artifacts(
+            artifact_uri=source, dst_path=str(destination), tracking_uri=tracking_uri))
+    except MlflowException as exc:  # a URI MLflow cannot use, a server it cannot reach
+        text = " ".join(str(exc).split())
+        raise ValueError(f"cannot read {ref} from the MLflow store {tracking_uri} ("
+                         f"{type(exc).__name__}: {text[:200]}); pass --tracking-uri (or set "
+                         "MLFLOW_TRACKING_URI) to the store deploy registered the model in, "
+                         "e.g. sqlite:///WORK/mlflow/mlflow.db") from None
+    models = sorted(local.rglob("model.pt"))
+    if len(models) != 1:
+        raise ValueError(f"{ref} (version {found.version}) holds {len(models)} model.pt files, "
+                         "not one: it was not registered by hvd_ctsm.deploy")
+    log.info("MLflow: %s is version %s of %s (folder version %s)", ref, found.version,
+             found.name, (found.tags or {}).get("folder_version", "?"))
+    return models[0].parent
