@@ -64,7 +64,7 @@ def bench(argv: list[str]) -> int:
 
 
 def cli() -> None:
-    """The console script: bad input is one line and exit 2, a crash one line and exit 1
+    """The console script: bad input is one line and exit 2, a crash one line and exit 3
     (`--debug` shows the traceback), as each step's own program does."""
     from hvd_ctsm.errors import run_cli
 
