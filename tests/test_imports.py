@@ -135,6 +135,48 @@ def test_lower_layers_never_import_upward():
     assert upward == []
 
 
+# hvd_ctsm's layers, bottom first, as README's architecture section lists them. A module may
+# import its own layer and those below; a subpackage (tracking, distributed) is one module here.
+LAYERS = [
+    {"hvd_ctsm", "schema", "atomic", "config", "config_types", "storage", "dataset_meta", "errors",
+     "outputs", "npy_codec", "run_folder", "metrics", "faults", "model", "distributed",
+     "spark_session"},
+    {"data", "checkpoint", "evaluate", "topk", "tracking", "serving", "backtest"},
+    {"trainer", "train_support", "elastic", "deploy", "gate"},
+    {"train", "elastic_loop", "score"},
+    {"launch", "spark_train", "estimator"},
+    {"api", "cli", "doctor"},
+]
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of an hvd_ctsm module (its subpackage's for a submodule); programs
+    (__main__.py) sit above every layer; None outside hvd_ctsm."""
+    parts = module.split(".")
+    if parts[0] != "hvd_ctsm":
+        return None
+    if parts[-1] == "__main__":
+        return len(LAYERS)
+    name = parts[1] if len(parts) > 1 else "hvd_ctsm"
+    found = [i for i, layer in enumerate(LAYERS) if name in layer]
+    assert found, f"{module} is in no layer: add it to LAYERS (and README's list)"
+    return found[0]
+
+
+def test_every_module_imports_only_its_layer_and_below():
+    upward = sorted(f"{name} (layer {layer_of(name)}) -> {target} (layer {layer_of(target)})"
+                    for name, targets in import_graph().items() if layer_of(name) is not None
+                    for target in targets
+                    if layer_of(target) is not None and layer_of(target) > layer_of(name))
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert layer_of("hvd_ctsm.data") < layer_of("hvd_ctsm.trainer") < layer_of("hvd_ctsm.cli")
+    assert layer_of("hvd_ctsm.tracking.runs") == layer_of("hvd_ctsm.tracking")
+    assert layer_of("hvd_ctsm.train.__main__") == len(LAYERS) and layer_of("spark_jobs.x") is None
+
+
 def test_importing_the_package_and_its_config_loads_no_torch_spark_or_horovod():
     code = ("import sys, hvd_ctsm, hvd_ctsm.config, hvd_ctsm.schema, hvd_ctsm.atomic; "
             "print(sorted(m for m in ('torch', 'pyspark', 'horovod') if m in sys.modules))")
