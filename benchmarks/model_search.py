@@ -32,7 +32,7 @@ TABLE = RESULTS / "model_search.md"
 
 # Settings that do not change what is learned (paths, logging, tracking) or that trials vary.
 VOLATILE = {"out", "seed", "progress", "keep_checkpoints", "log_every_steps", "commit_every_steps",
-            "tracking"}
+            "tracking", "debug"}
 
 
 def config_fingerprint(trainer_args: list[str]) -> str:

@@ -198,6 +198,20 @@ class TrackingConfig:
 
 
 @dataclass
+class DebugConfig:
+    step_delay_s: dict[str, float] = field(default_factory=dict)
+    """Fault-injection tests and drills only: seconds a rank sleeps before each batch it reads
+    (inside the timed data phase), by rank number or '*' for every rank, e.g.
+    debug.step_delay_s='{"1": 2.5}'. Empty: no delay."""
+
+    def __post_init__(self):
+        for rank, seconds in self.step_delay_s.items():
+            _check(rank == "*" or rank.isdigit(),
+                   f"debug.step_delay_s: key {rank!r} must be a rank number or '*'")
+            _check(seconds >= 0, f"debug.step_delay_s[{rank}] must be >= 0, got {seconds}")
+
+
+@dataclass
 class TrainConfig:
     out: str = "runs/train"
     """Run folder: checkpoints/, tensorboard/, config.yaml, metrics.jsonl, model.pt."""
@@ -231,6 +245,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
 
     def __post_init__(self):
         _check(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")

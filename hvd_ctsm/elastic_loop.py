@@ -73,7 +73,8 @@ def run(cfg, init_from: str | None = None) -> dict:
             order = GlobalOrder(groups, cfg.seed, state.epoch)
             for rows, batch_ in epoch_batches(order, cache, state.rows, batch,
                                               trainer.model.sizes.max_len):
-                losses = trainer.step(faults.delayed(iter([batch_]), dist.rank()))
+                losses = trainer.step(faults.delayed(iter([batch_]), dist.rank(),
+                                                     cfg.debug.step_delay_s))
                 state.rows, state.step = rows, state.step + 1
                 state.samples = clock.samples = state.samples + batch * dist.size()
                 if state.step % cfg.log_every_steps == 0:

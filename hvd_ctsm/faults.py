@@ -5,10 +5,10 @@
 - `StallWatcher` copies rank 0's stderr through a pipe and turns Horovod's stall inspector
   warnings (HOROVOD_STALL_CHECK_TIME_SECONDS; the C++ core prints them to stderr) into records in
   our own log: events.jsonl in the run folder, and the trainer's logger.
-- `injected_step_delay` is a fault-injection knob for tests and drills only: the environment
-  variable HVD_CTSM_INJECT_STEP_DELAY="RANK:SECONDS[,RANK:SECONDS...]" (RANK may be `*`) makes those
-  ranks sleep that long before each batch they read (`delayed`), inside the trainer's timed data
-  phase. Unset, the batches pass through untouched.
+- `delayed` is a fault-injection knob for tests and drills only: the trainer setting
+  `debug.step_delay_s` ('{"1": 0.5}', or '{"*": 0.1}' for every rank) makes those ranks sleep
+  that long before each batch they read, inside the trainer's timed data phase. Empty, the
+  batches pass through untouched.
 """
 
 from __future__ import annotations
@@ -24,39 +24,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger("hvd_ctsm.faults")
-DELAY_ENV = "HVD_CTSM_INJECT_STEP_DELAY"
 # A rank whose busy time per step is this many times the median is called slow in the log.
 SLOW_FACTOR = 1.5
 _STALL_START = re.compile(r"waiting for remainder of ranks for more than|is stalled for longer")
 
 
-def parse_delays(text: str) -> dict[str, float]:
-    """"1:0.5,*:0.1" -> {"1": 0.5, "*": 0.1}; a malformed value stops with the expected form."""
-    delays = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        rank, sep, seconds = part.partition(":")
-        try:
-            if not sep or not (rank == "*" or rank.isdigit()):
-                raise ValueError(part)
-            delays[rank] = float(seconds)
-        except ValueError:
-            raise ValueError(f"{DELAY_ENV}={text!r}: expected RANK:SECONDS[,RANK:SECONDS], "
-                             "e.g. 1:0.5 or *:0.1") from None
-    return delays
-
-
-def injected_step_delay(rank: int) -> float:
-    """Seconds this rank should sleep per step (0.0 unless the test knob is set)."""
-    text = os.environ.get(DELAY_ENV, "")
-    if not text:
-        return 0.0
-    delays = parse_delays(text)
-    return delays.get(str(rank), delays.get("*", 0.0))
-
-
-def delayed(batches: Iterator, rank: int) -> Iterator:
-    """`batches`, each one after this rank's injected delay (the same iterator when none)."""
-    seconds = injected_step_delay(rank)
+def delayed(batches: Iterator, rank: int, step_delay_s: dict[str, float]) -> Iterator:
+    """`batches`, each one after this rank's injected delay (debug.step_delay_s: by rank, or '*'
+    for all); the same iterator when it has none."""
+    seconds = step_delay_s.get(str(rank), step_delay_s.get("*", 0.0))
     if not seconds:
         return batches
     return (time.sleep(seconds) or batch for batch in batches)

@@ -63,8 +63,9 @@ def check_positions(events: list[dict], total_rows: int) -> None:
 def test_a_killed_worker_leaves_the_other_training_and_its_host_rejoins(tiny_features, tmp_path):
     reference, out = tmp_path / "reference", tmp_path / "elastic"
     fl.run(fl.trainer_cmd(tiny_features, reference, *RUN))  # uninterrupted, one rank
-    proc = fl.start(fl.trainer_cmd(tiny_features, out, *RUN, "--elastic", launcher=LAUNCH),
-                    tmp_path / "elastic.log", HVD_CTSM_INJECT_STEP_DELAY="*:0.3")
+    slow = 'debug.step_delay_s={"*": 0.3}'  # so that the kill lands mid-epoch
+    proc = fl.start(fl.trainer_cmd(tiny_features, out, *RUN, "--elastic", slow, launcher=LAUNCH),
+                    tmp_path / "elastic.log")
     events = out / "events.jsonl"
     fl.wait_for(lambda: [e for e in fl.read_jsonl(events) if e["event"] == "commit"
                          and e["epoch"] == 0 and e["step"] >= EVERY], proc,

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hvd_ctsm.config import ConfigError, load_config
 from hvd_ctsm.elastic import GlobalOrder, RowGroup
-from hvd_ctsm.faults import parse_delays, step_time_report
+from hvd_ctsm.faults import delayed, step_time_report
 
 
 def slice_rows(order: GlobalOrder, rows: int, rank: int, batch: int) -> list[tuple[int, int]]:
@@ -48,9 +49,13 @@ def test_the_order_depends_on_seed_and_epoch_only():
 
 
 def test_fault_knob_and_straggler_report():
-    assert parse_delays("1:0.5, *:0.1") == {"1": 0.5, "*": 0.1}
-    with pytest.raises(ValueError, match="expected RANK:SECONDS"):
-        parse_delays("one:2")
+    cfg = load_config("default", ['debug.step_delay_s={"1": 0.5, "*": 0.1}'])
+    assert cfg.debug.step_delay_s == {"1": 0.5, "*": 0.1}
+    with pytest.raises(ConfigError, match="a rank number or"):
+        load_config("default", ['debug.step_delay_s={"one": 2}'])
+    batches = iter([1, 2])
+    assert delayed(batches, 0, {}) is batches  # no delay: the same iterator
+    assert list(delayed(iter([1, 2]), 3, {"1": 0.5, "*": 0.001})) == [1, 2]
     report = step_time_report([0.1, 0.11, 0.9], [0.8, 0.79, 0.0])
     assert report["slowest_rank"] == 2 and report["slow_ranks"] == [2]
     assert step_time_report([0.2], [0.0])["slow_ranks"] == []  # one rank is never "slow"

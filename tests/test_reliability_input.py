@@ -1,7 +1,7 @@
 """Bad input to the trainer: bad config values, a rank with an empty shard, a slow rank.
 
 Each is injected for real: main(argv) with the bad value, a real dataset with one row group for
-two ranks, a real rank delayed (HVD_CTSM_INJECT_STEP_DELAY, test-only) under horovodrun.
+two ranks, a real rank delayed (`debug.step_delay_s`, test-only) under horovodrun.
 """
 
 import json
@@ -88,8 +88,8 @@ def test_a_slow_rank_is_reported_by_rank_and_horovod_stalls_reach_our_log(tiny_f
     # the response cache, Horovod reports a stalled gradient after one check interval.
     launcher = [fl.HOROVODRUN, "-np", "2", "--mpi"]
     proc = fl.run(fl.trainer_cmd(tiny_features, out, "--epochs", "1", "max_steps=4",
-                                 launcher=launcher), timeout=240,
-                  HVD_CTSM_INJECT_STEP_DELAY="1:2.5", HOROVOD_STALL_CHECK_TIME_SECONDS="1",
+                                 'debug.step_delay_s={"1": 2.5}', launcher=launcher),
+                  timeout=240, HOROVOD_STALL_CHECK_TIME_SECONDS="1",
                   HOROVOD_CACHE_CAPACITY="0")
     seconds = time.monotonic() - t0
     records = fl.read_jsonl(out / "train_log.jsonl")

@@ -1,7 +1,7 @@
 """Whole-job restart after a real SIGKILL, and checkpoints damaged for real.
 
 The trainer runs as a real process (np=1, and np=2 under horovodrun); an injected per-step delay
-(HVD_CTSM_INJECT_STEP_DELAY, test-only) slows it so the kill lands mid-epoch, right after a
+(`debug.step_delay_s`, test-only) slows it so the kill lands mid-epoch, right after a
 mid-epoch checkpoint appeared. `--resume` must then finish with the model an uninterrupted run
 ends with, bit for bit: the data position, optimizer, schedule and every rank's RNG are restored.
 """
@@ -18,13 +18,13 @@ from hvd_ctsm.checkpoint import CheckpointManager, load_state, save_state
 pytestmark = [pytest.mark.horovod, pytest.mark.spark, pytest.mark.slow, pytest.mark.faults]
 EVERY = 4  # checkpoint_every_steps: a kill loses at most this many steps
 RUN = ["--epochs", "2", f"checkpoint_every_steps={EVERY}", "keep_checkpoints=3"]
-SLOW = {"HVD_CTSM_INJECT_STEP_DELAY": "*:0.15"}  # only to give the kill time to land mid-epoch
+SLOW = ['debug.step_delay_s={"*": 0.15}']  # only to give the kill time to land mid-epoch
 
 
 def kill_mid_epoch(data, out, np_, tmp_path):
     """Start the trainer, SIGKILL the whole job after a checkpoint inside epoch 2; the step."""
-    proc = fl.start(fl.trainer_cmd(data, out, *RUN, np_=np_), tmp_path / f"killed-{np_}.log",
-                    **SLOW)
+    proc = fl.start(fl.trainer_cmd(data, out, *RUN, *SLOW, np_=np_),
+                    tmp_path / f"killed-{np_}.log")
     # The first epoch has 14 steps at np=1 (7 at np=2): wait for one inside the second epoch.
     per_epoch = 14 // np_
     step = fl.wait_for(lambda: fl.mid_epoch_checkpoint(out, per_epoch + 1), proc,

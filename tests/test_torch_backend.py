@@ -172,9 +172,9 @@ def test_torchrun_restarts_after_a_worker_is_sigkilled_and_resumes(tiny_features
     """torchrun --max-restarts 1: one worker SIGKILLed inside epoch 2; torchrun stops the other,
     starts both again, and they resume from the latest checkpoint to the same final model."""
     out, log = tmp_path / "run", tmp_path / "torchrun.log"
-    proc = fl.start(fl.trainer_cmd(tiny_features, out, *RUN,
-                                   launcher=trainer_torchrun("--max-restarts", "1")), log,
-                    HVD_CTSM_INJECT_STEP_DELAY="*:0.15")  # so that the kill lands mid-epoch
+    slow = 'debug.step_delay_s={"*": 0.15}'  # so that the kill lands mid-epoch
+    proc = fl.start(fl.trainer_cmd(tiny_features, out, *RUN, slow,
+                                   launcher=trainer_torchrun("--max-restarts", "1")), log)
     step = fl.wait_for(lambda: fl.mid_epoch_checkpoint(out, PER_EPOCH + 1), proc,
                        what="a checkpoint inside the second epoch")
     victim = worker_of_rank(proc, 1)

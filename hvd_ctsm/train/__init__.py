@@ -154,4 +154,4 @@ def epoch_batches(trainer: Trainer, epoch: int, skip: int):
                             cfg.seed, cfg.data.shuffle_buffer, skip=skip)
     batches = prefetch((chunk for big in batches for chunk in split_batch(big, micro)),
                        cfg.data.prefetch_batches)
-    return faults.delayed(batches, dist.rank())  # a test's slow rank (hvd_ctsm.faults)
+    return faults.delayed(batches, dist.rank(), cfg.debug.step_delay_s)  # a test's slow rank
