@@ -123,3 +123,13 @@ def test_report_renders_every_section(results, tmp_path):
         assert heading in text
     assert "Horovod / DDP" in text and "Horovod / independent pair" in text
     assert "(oversubscribed)" not in text  # np=4 is not in quick
+
+
+def test_quality_verdict_without_x1_is_empty_not_a_crash():
+    """`quality.py --variants x2_sqrt,x4_sqrt` crashed at the end (KeyError 'x1') and saved
+    nothing; without x1 there is nothing to compare with, and the table is still saved."""
+    spread = {"median": 0.2, "min": 0.19, "max": 0.21, "stdev": 0.01, "n": 3, "mean": 0.2}
+    assert quality.verdict({"x2_sqrt": {"ndcg@10": spread}}) == {}
+    verdict = quality.verdict({"x1": {"ndcg@10": spread}, "x4": {"ndcg@10": spread | {
+        "mean": 0.185}}})
+    assert verdict["x4"]["in_x1_range"] is False and verdict["x4"]["within_2_stdev"] is True
