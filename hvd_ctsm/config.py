@@ -109,7 +109,8 @@ class OptimConfig:
     """The effective batch `lr` was tuned for; the scaling rule starts from it."""
     lr_scaling: str = "linear"
     """How lr grows with the effective batch: 'linear', 'sqrt' or 'none'. Linear with warm-up
-    kept NDCG@10 within seeds' noise at 2x and 4x the batch; sqrt lost 0.03-0.06 (benchmarks)."""
+    kept NDCG@10 within seeds' noise at 2x the batch, and at 4x given the epochs it needs
+    (README, "More workers, same model"); sqrt lost 0.02-0.06 (benchmarks)."""
     warmup_steps: int = 50
     """Linear warm-up from lr (unscaled) to the scaled lr over this many optimizer steps."""
     decay: str = "cosine"
