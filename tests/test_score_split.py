@@ -11,7 +11,8 @@ from hvd_ctsm.score import ScoringError, scoring_split
 
 def features(path, *splits):
     path.mkdir()
-    meta = {"schema_version": SCHEMA_VERSION, "splits": {name: {"rows": 1} for name in splits}}
+    meta = {"schema_version": SCHEMA_VERSION, "max_len": 10, "vocab": {"items": 5},
+            "splits": {name: {"rows": 1} for name in splits}}
     (path / "metadata.json").write_text(json.dumps(meta))
     return path
 
