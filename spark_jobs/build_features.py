@@ -11,30 +11,26 @@ The whole folder is built in a temporary sibling and renamed into place when com
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script (spark-submit): make the package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pyspark import StorageLevel
+from pyspark.sql import functions as F
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-from pyspark import StorageLevel  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-
-import hvd_ctsm  # noqa: E402
-from hvd_ctsm import storage  # noqa: E402
-from hvd_ctsm.outputs import check_not_an_input  # noqa: E402
-from hvd_ctsm.schema import OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT  # noqa: E402
-from spark_jobs import attributes, sequences, split, validate, vocab, write  # noqa: E402
-from spark_jobs.config import FeatureConfig, parse_time  # noqa: E402
-from spark_jobs.sources import SourceError, load_source  # noqa: E402
-from spark_jobs.write import OutputExistsError  # noqa: E402
+import hvd_ctsm
+from hvd_ctsm import storage
+from hvd_ctsm.outputs import check_not_an_input
+from hvd_ctsm.schema import OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT
+from spark_jobs import attributes, sequences, split, validate, vocab, write
+from spark_jobs.config import FeatureConfig, parse_time
+from spark_jobs.sources import SourceError, load_source
+from spark_jobs.write import OutputExistsError
 
 
 def code_version() -> str:

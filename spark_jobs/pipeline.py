@@ -13,16 +13,12 @@ Re-runnable: when REGISTRY already has a deployed model, the features extend its
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script (spark-submit): make the package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
 
 EXIT_STEP_FAILED, EXIT_BAD_ARGS, EXIT_GATE_REFUSED = 1, 2, 3
 

@@ -16,17 +16,13 @@ under a temporary name and renamed into place when complete.
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script (spark-submit): make the package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-
-from spark_jobs import write  # noqa: E402
+from spark_jobs import write
 
 OUTPUT_SCHEMA = ("client_id string, rank int, item_id string, item int, score float, "
                  "p_sale float")
