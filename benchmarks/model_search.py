@@ -44,11 +44,17 @@ def config_fingerprint(trainer_args: list[str]) -> str:
 
 
 def saved_config(run_folder: Path) -> dict | None:
-    """The config a finished run saved (config.yaml), as logged with its trial."""
+    """The config a finished run saved (config.yaml), as logged with its trial; the dataset
+    path is kept as its folder name (the record's `data`), so that no machine's paths go into
+    the committed log (cells never compare data.path: _fingerprint)."""
     import yaml
 
     saved = run_folder / "config.yaml"
-    return yaml.safe_load(saved.read_text()) if saved.exists() else None
+    if not saved.exists():
+        return None
+    config = yaml.safe_load(saved.read_text())
+    config["data"]["path"] = Path(config["data"]["path"]).name
+    return config
 
 
 def record_fingerprint(record: dict) -> str | None:
