@@ -117,19 +117,18 @@ def main(argv=None) -> int:
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     args = p.parse_args(argv)
     from hvd_ctsm.data import DatasetError
-    from hvd_ctsm.score import ModelRefError, ScoringError
+    from hvd_ctsm.errors import EXIT_BAD_INPUT
+    from hvd_ctsm.score import ScoringError
     from spark_jobs.session import ExecutorPythonError, get_spark
 
     spark = get_spark(master=args.master, app_name="hvd_ctsm-score")
     try:
         summary = score_topk(spark, args.data, args.model, args.out, args.k, args.split,
                              args.overwrite, args.tracking_uri)
-    except ModelRefError as exc:  # a models:/ URI that names nothing here: bad input
-        print(f"score_topk: error: {exc}", file=sys.stderr)
-        return 2
     except (ScoringError, DatasetError, FileExistsError, ExecutorPythonError) as exc:
-        print(f"score_topk: {exc}", file=sys.stderr)
-        return 1
+        # bad input or environment, models:/ URIs included: the project's one code for it
+        print(f"score_topk: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(json.dumps(summary))
     return 0
 
