@@ -9,8 +9,10 @@ Plain PyTorch: nothing here knows about Horovod, Spark or Petastorm.
     -> heads: next item (over the shared item embeddings), p(sale) for (state, candidate item)
 
 `merge` is a plain residual sum (block="residual") or a GRU-style gate (block="gated", GTrXL).
-With block="residual", no side features, ff_mult=1 and the BCE loss with one negative, the encoder
-is the SASRec model of Kang & McAuley (2018): the in-project baseline (preset `sasrec`).
+With recency_bias, attention also favours recent events (ALiBi: a per-head penalty that grows with
+the distance back). With block="residual", no side features, no recency bias, ff_mult=1 and the
+BCE loss with one negative, the encoder is the SASRec model of Kang & McAuley (2018): the
+in-project baseline (preset `sasrec`).
 
 A head turns the states at the target positions into a loss; a new target is a new head class in
 HEADS, with no change to the encoder.
@@ -88,25 +90,41 @@ class CausalBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.attn_dropout = dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """attn_bias: None (plain causal attention) or a [heads, t, t] additive bias that is
+        -inf above the diagonal (recency_bias), so causal either way."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm_attn(x)).split(d, dim=-1)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        # is_causal: position i attends to positions <= i only. Histories are right-padded, so
-        # padding always lies in a valid position's future and is never attended to.
+        # Position i attends to positions <= i only. Histories are right-padded, so padding
+        # always lies in a valid position's future and is never attended to.
         attn = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.attn_dropout if self.training else 0.0
+            q, k, v, attn_mask=attn_bias, is_causal=attn_bias is None,
+            dropout_p=self.attn_dropout if self.training else 0.0,
         )
         attn = attn.transpose(1, 2).reshape(b, t, d)
         x = self.gate_attn(x, self.dropout(self.proj(attn)))
         return self.gate_ff(x, self.dropout(self.ff(self.norm_ff(x))))
 
 
+def recency_bias(heads: int, t: int, device=None) -> torch.Tensor:
+    """[heads, t, t] causal attention bias that favours recent events (ALiBi, Press et al.
+    2022): head h subtracts slope_h * (i - j) from query i's score for event j <= i, with slopes
+    2^-8/heads, 2^-16/heads, ... (from a steep, recent-only head to a nearly flat one); future
+    positions (j > i) get -inf."""
+    slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=device) / heads)
+    pos = torch.arange(t, device=device)
+    distance = (pos[:, None] - pos[None, :]).float()
+    bias = -slopes[:, None, None] * distance
+    return bias.masked_fill(distance < 0, float("-inf"))
+
+
 class TemporalEncoder(nn.Module):
     """Client state at every position from that position's event and all earlier ones."""
 
     def __init__(self, sizes: ModelSizes, dim: int, layers: int, heads: int, dropout: float,
-                 block: str = "residual", ff_mult: int = 4, side_features: bool = True):
+                 block: str = "residual", ff_mult: int = 4, side_features: bool = True,
+                 recency: bool = False):
         super().__init__()
         if dim % heads:
             raise ValueError(f"model dim {dim} is not divisible by heads {heads}")
@@ -125,7 +143,7 @@ class TemporalEncoder(nn.Module):
             CausalBlock(dim, heads, dropout, block, ff_mult) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.dropout = nn.Dropout(dropout)
-        self.dim = dim
+        self.dim, self.heads, self.recency = dim, heads, recency
         nn.init.normal_(self.item.weight, std=dim**-0.5)
         with torch.no_grad():
             self.item.weight[0].zero_()
@@ -140,8 +158,9 @@ class TemporalEncoder(nn.Module):
             for i, table in enumerate(self.attrs):
                 x = x + table(batch["client_attrs"][..., i])
         x = self.dropout(x) * (items > 0).unsqueeze(-1)
+        bias = recency_bias(self.heads, items.shape[1], items.device) if self.recency else None
         for block in self.blocks:
-            x = block(x)
+            x = block(x, bias)
         return self.norm(x)
 
 
@@ -150,14 +169,17 @@ class NextItemHead(nn.Module):
 
     loss: 'full' softmax over all items; 'sampled' softmax over the target and `negatives`
     uniformly sampled items; 'bce' binary loss of the target against `negatives` sampled items.
+    exclude_seen: items the client already had at or before the state's position are no
+    negatives (targets["seen"], see seen_items); the target itself always stays.
     """
 
-    def __init__(self, encoder: TemporalEncoder, loss: str, negatives: int, item_bias=True):
+    def __init__(self, encoder: TemporalEncoder, loss: str, negatives: int, item_bias=True,
+                 exclude_seen=False):
         super().__init__()
         self.encoder = [encoder]  # a list: share the embedding without registering it twice
         # Without item_bias the vector stays zero (same state keys, so checkpoints load either way).
         self.bias = nn.Parameter(torch.zeros(encoder.item.num_embeddings), requires_grad=item_bias)
-        self.loss_kind, self.negatives = loss, negatives
+        self.loss_kind, self.negatives, self.exclude_seen = loss, negatives, exclude_seen
 
     def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[B, d] states -> [B, C] scores for item_ids ([C] or [B, C]); all items when None."""
@@ -173,14 +195,23 @@ class NextItemHead(nn.Module):
 
     def loss(self, states: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
         target = targets["item"]
+        seen = targets.get("seen") if self.exclude_seen else None
+        if seen is not None:  # the target is never masked, even when it repeats a seen item
+            seen = seen.scatter(1, target.unsqueeze(1), False)
         if self.loss_kind == "full":
-            return F.cross_entropy(self.score(states), target)
+            logits = self.score(states)
+            if seen is not None:
+                logits = logits.masked_fill(seen, float("-inf"))
+            return F.cross_entropy(logits, target)
         n_items = self.bias.shape[0]
         neg = torch.randint(1, n_items, (target.shape[0], self.negatives), device=target.device)
         candidates = torch.cat([target.unsqueeze(1), neg], dim=1)
         logits = self.score(states, candidates)
-        # A sampled negative that equals the target is not a negative: leave it out.
+        # A sampled negative that equals the target (or, with exclude_seen, that the client
+        # already had) is not a negative: leave it out.
         collides = candidates == target.unsqueeze(1)
+        if seen is not None:
+            collides |= seen.gather(1, candidates)
         collides[:, 0] = False
         if self.loss_kind == "sampled":
             logits = logits.masked_fill(collides, float("-inf"))
@@ -213,8 +244,21 @@ class SaleHead(nn.Module):
 HEADS = {"next_item": NextItemHead, "sale": SaleHead}
 
 
+def seen_items(items: torch.Tensor, target_row: torch.Tensor, target_pos: torch.Tensor,
+               num_items: int) -> torch.Tensor:
+    """[T, num_items] bool: item i is at a position <= target_pos of the target's row, i.e. the
+    client already had it when the state was formed (padding, item 0, counts as seen). Only
+    the past: an item first seen after target_pos is not marked."""
+    b, t = items.shape
+    positions = torch.arange(t, device=items.device).expand(b, t)
+    first = torch.full((b, num_items), t, dtype=positions.dtype, device=items.device)
+    first = first.scatter_reduce(1, items, positions, reduce="amin")
+    return first[target_row] <= target_pos.unsqueeze(1)
+
+
 # Architecture settings of models saved before they existed: such a model.pt is rebuilt as it was.
-LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias": True}
+LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias": True,
+               "exclude_seen": False, "recency_bias": False}
 
 
 class CTSM(nn.Module):
@@ -222,12 +266,14 @@ class CTSM(nn.Module):
 
     def __init__(self, sizes: ModelSizes, dim=64, layers=2, heads=2, dropout=0.2,
                  loss="full", negatives=100, head_names=("next_item", "sale"),
-                 block="residual", ff_mult=4, side_features=True, item_bias=True):
+                 block="residual", ff_mult=4, side_features=True, item_bias=True,
+                 exclude_seen=False, recency_bias=False):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
-                                       side_features)
-        built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias),
+                                       side_features, recency_bias)
+        built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias,
+                                                   exclude_seen),
                  "sale": lambda: SaleHead(self.encoder, dim)}
         unknown = set(head_names) - set(built)
         if unknown:
@@ -258,6 +304,9 @@ class CTSM(nn.Module):
         states = self.states_at(batch)
         targets = {"item": batch["target_item"], "label": batch["target_label"],
                    "log_dt": batch["target_log_dt"]}
+        if self.heads["next_item"].exclude_seen:
+            targets["seen"] = seen_items(batch["item"], batch["target_row"], batch["target_pos"],
+                                         self.sizes.num_items)
         return {name: head.loss(states, targets) for name, head in self.heads.items()}
 
     def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:

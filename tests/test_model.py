@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hvd_ctsm.model import CTSM, ModelSizes
+from hvd_ctsm.model import CTSM, ModelSizes, recency_bias, seen_items
 
 SIZES = ModelSizes(num_items=50, num_event_types=5, attr_sizes=[4, 3], max_len=12)
 
@@ -27,10 +27,11 @@ def model(**kwargs):
     return CTSM(SIZES, dim=16, layers=2, heads=2, dropout=0.0, **kwargs).eval()
 
 
-ARCHS = {  # block, ff_mult, side_features: CTSM's variants and the SASRec-style baseline
-    "gated": dict(block="gated"),
-    "residual": dict(block="residual"),
-    "sasrec": dict(block="residual", ff_mult=1, side_features=False),
+ARCHS = {  # CTSM's variants (the default has a recency bias) and the SASRec-style baseline
+    "gated": dict(block="gated", recency_bias=False),
+    "residual": dict(block="residual", recency_bias=False),
+    "recency": dict(block="residual", recency_bias=True),
+    "sasrec": dict(block="residual", ff_mult=1, side_features=False, recency_bias=False),
 }
 
 
@@ -54,16 +55,26 @@ def test_changing_a_later_event_never_changes_earlier_states(field, arch):
     assert not torch.allclose(before[0, cut:], after[0, cut:], atol=1e-4)  # the change did act
 
 
-def test_padding_does_not_change_valid_positions():
-    m = model()
+@pytest.mark.parametrize("arch", ["residual", "recency"])
+def test_padding_does_not_change_valid_positions(arch):
+    m = model(**ARCHS[arch])
     batch, lengths = make_batch()
     padded = {k: torch.cat([v, torch.zeros_like(v)], dim=1) for k, v in batch.items()}
-    big = CTSM(ModelSizes(50, 5, [4, 3], max_len=24), dim=16, layers=2, heads=2, dropout=0.0)
+    big = CTSM(ModelSizes(50, 5, [4, 3], max_len=24), dim=16, layers=2, heads=2, dropout=0.0,
+               **ARCHS[arch])
     big.load_state_dict({k: (v if k != "encoder.position.weight" else
                              torch.cat([v, torch.zeros(12, 16)]))
                          for k, v in m.state_dict().items()})
     big.eval()
     assert torch.allclose(m.encoder(batch), big.encoder(padded)[:, :12], atol=1e-5)
+
+
+def test_recency_bias_is_causal_and_falls_with_distance():
+    bias = recency_bias(heads=2, t=5)
+    assert bias.shape == (2, 5, 5)
+    assert torch.isneginf(bias[:, 1, 2:]).all() and torch.equal(bias[:, 3, 3], torch.zeros(2))
+    assert (bias[:, 4, 1:5].diff(dim=-1) > 0).all()  # the nearer, the less penalty
+    assert (bias[0, 4, :4] < bias[1, 4, :4]).all()  # the first head is the steepest
 
 
 def test_the_baseline_ignores_side_features_and_has_no_gates():
@@ -145,3 +156,37 @@ def test_without_item_bias_the_bias_stays_zero_and_the_state_keys_match():
     assert torch.count_nonzero(m.heads["next_item"].bias) == 0
     with_bias = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0)
     assert m.state_dict().keys() == with_bias.state_dict().keys()
+
+
+def test_seen_items_marks_only_the_past_of_each_target():
+    items = torch.tensor([[5, 7, 5, 9, 0], [3, 4, 0, 0, 0]])
+    seen = seen_items(items, torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 1, 3]),
+                      num_items=10)
+    assert seen[0].nonzero().flatten().tolist() == [5]  # 7 and 9 come later
+    assert seen[1].nonzero().flatten().tolist() == [5, 7]  # a repeat counts once; 9 is future
+    assert seen[2].nonzero().flatten().tolist() == [3, 4]
+    assert seen[3].nonzero().flatten().tolist() == [0, 3, 4]  # padding (item 0) is never a target
+
+
+@pytest.mark.parametrize("loss", ["full", "sampled", "bce"])
+def test_exclude_seen_drops_history_from_the_negatives_but_keeps_a_repeated_target(loss):
+    torch.manual_seed(0)
+    m = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0, loss=loss, negatives=49,
+             head_names=("next_item",), exclude_seen=True)
+    batch, _ = make_batch()
+    history = batch["item"][0, :4]
+    fresh = next(i for i in range(1, 50) if i not in history.tolist())
+    batch |= {"target_row": torch.tensor([0, 0]), "target_pos": torch.tensor([3, 3]),
+              "target_item": torch.tensor([int(history[1]), fresh]),
+              "target_label": torch.zeros(2), "target_log_dt": torch.zeros(2)}
+    loss_value = m(batch)["next_item"]
+    assert torch.isfinite(loss_value)  # the repeated target (history[1]) was not masked
+    if loss == "full":  # the softmax runs over the items not seen before, plus the target
+        logits = m.score(m.states_at(batch))
+        for t, target in enumerate(batch["target_item"].tolist()):
+            others = [i for i in history.tolist() if i != target]
+            logits[t, others] = float("-inf")
+        expected = torch.nn.functional.cross_entropy(logits, batch["target_item"])
+        assert torch.allclose(loss_value, expected)
+        m.heads["next_item"].exclude_seen = False
+        assert m(batch)["next_item"] > loss_value  # seen items were competing negatives
