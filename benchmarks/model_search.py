@@ -59,14 +59,19 @@ def saved_config(run_folder: Path) -> dict | None:
 
 def record_fingerprint(record: dict) -> str | None:
     """The fingerprint of a logged trial's config read through today's config classes, so that
-    settings added since (at defaults that keep the old behaviour) do not tell them apart; None
+    settings added since do not tell apart trials that trained the same model; None
     when the record has no config or today's classes refuse it (a setting was removed)."""
     from hvd_ctsm.config import ConfigError, TrainConfig, from_dict, to_dict
+    from hvd_ctsm.model import LEGACY_ARCH
 
     if not record.get("config"):
         return None
+    # A model setting the record predates is filled in as the behaviour it trained with (what
+    # CTSM.from_config does for an old model.pt), not as today's default, which may differ.
+    config = dict(record["config"])
+    config["model"] = LEGACY_ARCH | config.get("model", {})
     try:
-        return _fingerprint(to_dict(from_dict(TrainConfig, record["config"])))
+        return _fingerprint(to_dict(from_dict(TrainConfig, config)))
     except (ConfigError, TypeError, ValueError):
         return None
 

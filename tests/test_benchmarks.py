@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from benchmarks import (comm, input_pipeline, quality, quality_report, report, scaling,
-                        spark_features, trainer_ab)
+from benchmarks import (comm, input_pipeline, model_search, quality, quality_report, report,
+                        scaling, spark_features, trainer_ab)
 
 pytestmark = [pytest.mark.slow, pytest.mark.horovod]
 
@@ -133,3 +133,17 @@ def test_quality_verdict_without_x1_is_empty_not_a_crash():
     verdict = quality.verdict({"x1": {"ndcg@10": spread}, "x4": {"ndcg@10": spread | {
         "mean": 0.185}}})
     assert verdict["x4"]["in_x1_range"] is False and verdict["x4"]["within_2_stdev"] is True
+
+
+def test_a_logged_trial_older_than_a_model_setting_counts_as_what_it_trained():
+    """A record saved before a model setting existed trained without it: it must match a cell
+    that turns the setting off, whatever today's default is."""
+    from hvd_ctsm.config import load_config, to_dict
+
+    old = to_dict(load_config(None, ["data.path=x"]))
+    del old["model"]["recency_bias"]
+    record = {"config": old}
+    assert model_search.record_fingerprint(record) == model_search.config_fingerprint(
+        ["model.recency_bias=false"])
+    assert model_search.record_fingerprint(record) != model_search.config_fingerprint(
+        ["model.recency_bias=true"])
