@@ -78,14 +78,14 @@ class ModelConfig:
     side_features: bool = True
     """Feed the event type, value, time gap and client attributes besides the item and its
     position (False: items and positions only, as SASRec)."""
-    recency_bias: bool = False
+    recency_bias: bool = True
     """Bias each attention head towards recent events (ALiBi: a penalty growing linearly with
     the distance back, a different slope per head), besides the learned positions. On
     validation: +0.007 full / +0.009 sampled NDCG@10 on ML-100K (benchmarks/results/
     model_search.md)."""
     item_bias: bool = True
     """Learn a per-item score bias (popularity) besides the dot product with the client state."""
-    exclude_seen: bool = False
+    exclude_seen: bool = True
     """Leave the items a client already had (in the example's window, up to the state's
     position) out of the next-item loss's negatives; a target that repeats one stays the
     target. Full-ranking evaluation and scoring never offer those items, so without this the

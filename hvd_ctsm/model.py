@@ -267,7 +267,7 @@ class CTSM(nn.Module):
     def __init__(self, sizes: ModelSizes, dim=64, layers=2, heads=2, dropout=0.2,
                  loss="full", negatives=100, head_names=("next_item", "sale"),
                  block="residual", ff_mult=4, side_features=True, item_bias=True,
-                 exclude_seen=False, recency_bias=False):
+                 exclude_seen=True, recency_bias=True):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
