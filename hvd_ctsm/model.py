@@ -109,9 +109,9 @@ class CausalBlock(nn.Module):
 
 def recency_bias(heads: int, t: int, device=None) -> torch.Tensor:
     """[heads, t, t] causal attention bias that favours recent events (ALiBi, Press et al.
-    2022): head h subtracts slope_h * (i - j) from query i's score for event j <= i, with slopes
-    2^-8/heads, 2^-16/heads, ... (from a steep, recent-only head to a nearly flat one); future
-    positions (j > i) get -inf."""
+    2022): head h (1..heads) subtracts slope_h * (i - j) from query i's score for event j <= i,
+    slope_h = 2^(-8h/heads), from a steep head that sees mostly the last events to a nearly flat
+    one; future positions (j > i) get -inf."""
     slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=device) / heads)
     pos = torch.arange(t, device=device)
     distance = (pos[:, None] - pos[None, :]).float()
