@@ -124,7 +124,7 @@ class TemporalEncoder(nn.Module):
 
     def __init__(self, sizes: ModelSizes, dim: int, layers: int, heads: int, dropout: float,
                  block: str = "residual", ff_mult: int = 4, side_features: bool = True,
-                 recency: bool = False):
+                 recency_bias: bool = False):
         super().__init__()
         if dim % heads:
             raise ValueError(f"model dim {dim} is not divisible by heads {heads}")
@@ -143,7 +143,7 @@ class TemporalEncoder(nn.Module):
             CausalBlock(dim, heads, dropout, block, ff_mult) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.dropout = nn.Dropout(dropout)
-        self.dim, self.heads, self.recency = dim, heads, recency
+        self.dim, self.heads, self.use_recency_bias = dim, heads, recency_bias
         nn.init.normal_(self.item.weight, std=dim**-0.5)
         with torch.no_grad():
             self.item.weight[0].zero_()
@@ -158,7 +158,9 @@ class TemporalEncoder(nn.Module):
             for i, table in enumerate(self.attrs):
                 x = x + table(batch["client_attrs"][..., i])
         x = self.dropout(x) * (items > 0).unsqueeze(-1)
-        bias = recency_bias(self.heads, items.shape[1], items.device) if self.recency else None
+        bias = None
+        if self.use_recency_bias:
+            bias = recency_bias(self.heads, items.shape[1], items.device)
         for block in self.blocks:
             x = block(x, bias)
         return self.norm(x)
