@@ -93,7 +93,10 @@ class ModelConfig:
     loss: str = "full"
     """Next-item loss: 'full' softmax, 'sampled' softmax or 'bce' with sampled negatives."""
     negatives: int = 100
-    """Sampled negatives per target for the 'sampled' and 'bce' losses."""
+    """Sampled negatives per target for the 'sampled' and 'bce' losses (and uniform_bce_weight)."""
+    uniform_bce_weight: float = 0.0
+    """With loss 'full': add this weight times a binary loss of each target against `negatives`
+    uniformly drawn items, the kind of negatives the sampled evaluation ranks it against."""
     head_weights: dict[str, float] = field(default_factory=lambda: {"next_item": 1.0, "sale": 0.1})
     """Loss weight per head; the heads trained are the keys ('next_item', 'sale')."""
 
@@ -105,6 +108,9 @@ class ModelConfig:
         _one_of("model.block", self.block, {"residual", "gated"})
         _check(self.ff_mult >= 1, f"model.ff_mult must be >= 1, got {self.ff_mult}")
         _check(self.negatives >= 1, "model.negatives must be >= 1")
+        _check(self.uniform_bce_weight >= 0, "model.uniform_bce_weight must be >= 0")
+        _check(self.uniform_bce_weight == 0 or self.loss == "full",
+               "model.uniform_bce_weight needs model.loss=full (the others sample already)")
         _check("next_item" in self.head_weights, "model.head_weights needs 'next_item'")
         for name, weight in self.head_weights.items():
             _one_of("model.head_weights key", name, {"next_item", "sale"})

@@ -173,15 +173,18 @@ class NextItemHead(nn.Module):
     uniformly sampled items; 'bce' binary loss of the target against `negatives` sampled items.
     exclude_seen: items the client already had at or before the state's position are no
     negatives (targets["seen"], see seen_items); the target itself always stays.
+    uniform_bce_weight: with the 'full' loss, add this weight times the 'bce' loss against
+    `negatives` uniformly drawn items (what the sampled evaluation ranks the target against).
     """
 
     def __init__(self, encoder: TemporalEncoder, loss: str, negatives: int, item_bias=True,
-                 exclude_seen=False):
+                 exclude_seen=False, uniform_bce_weight=0.0):
         super().__init__()
         self.encoder = [encoder]  # a list: share the embedding without registering it twice
         # Without item_bias the vector stays zero (same state keys, so checkpoints load either way).
         self.bias = nn.Parameter(torch.zeros(encoder.item.num_embeddings), requires_grad=item_bias)
         self.loss_kind, self.negatives, self.exclude_seen = loss, negatives, exclude_seen
+        self.uniform_bce_weight = uniform_bce_weight
 
     def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[B, d] states -> [B, C] scores for item_ids ([C] or [B, C]); all items when None."""
@@ -204,20 +207,34 @@ class NextItemHead(nn.Module):
             logits = self.score(states)
             if seen is not None:
                 logits = logits.masked_fill(seen, float("-inf"))
-            return F.cross_entropy(logits, target)
+            loss = F.cross_entropy(logits, target)
+            if self.uniform_bce_weight:
+                loss = loss + self.uniform_bce_weight * self._bce(*self._sampled(states, target,
+                                                                                 seen))
+            return loss
+        logits, collides = self._sampled(states, target, seen)
+        if self.loss_kind == "sampled":
+            logits = logits.masked_fill(collides, float("-inf"))
+            return F.cross_entropy(logits, torch.zeros_like(target))
+        return self._bce(logits, collides)
+
+    def _sampled(self, states, target, seen):
+        """Scores of [target, `negatives` uniformly drawn items] per state, and which of those
+        are no negatives: a draw that equals the target or, with exclude_seen, that the client
+        already had (column 0, the target, never is)."""
         n_items = self.bias.shape[0]
         neg = torch.randint(1, n_items, (target.shape[0], self.negatives), device=target.device)
         candidates = torch.cat([target.unsqueeze(1), neg], dim=1)
-        logits = self.score(states, candidates)
-        # A sampled negative that equals the target (or, with exclude_seen, that the client
-        # already had) is not a negative: leave it out.
         collides = candidates == target.unsqueeze(1)
         if seen is not None:
             collides |= seen.gather(1, candidates)
         collides[:, 0] = False
-        if self.loss_kind == "sampled":
-            logits = logits.masked_fill(collides, float("-inf"))
-            return F.cross_entropy(logits, torch.zeros_like(target))
+        return self.score(states, candidates), collides
+
+    @staticmethod
+    def _bce(logits, collides):
+        """Binary loss: column 0 (the target) positive, the other columns negative, colliding
+        draws left out."""
         labels = torch.zeros_like(logits)
         labels[:, 0] = 1.0
         return F.binary_cross_entropy_with_logits(logits, labels, weight=(~collides).float())
@@ -260,7 +277,7 @@ def seen_items(items: torch.Tensor, target_row: torch.Tensor, target_pos: torch.
 
 # Architecture settings of models saved before they existed: such a model.pt is rebuilt as it was.
 LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias": True,
-               "exclude_seen": False, "recency_bias": False}
+               "exclude_seen": False, "recency_bias": False, "uniform_bce_weight": 0.0}
 
 
 class CTSM(nn.Module):
@@ -269,13 +286,13 @@ class CTSM(nn.Module):
     def __init__(self, sizes: ModelSizes, dim=64, layers=2, heads=2, dropout=0.2,
                  loss="full", negatives=100, head_names=("next_item", "sale"),
                  block="residual", ff_mult=4, side_features=True, item_bias=True,
-                 exclude_seen=True, recency_bias=True):
+                 exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
                                        side_features, recency_bias)
         built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias,
-                                                   exclude_seen),
+                                                   exclude_seen, uniform_bce_weight),
                  "sale": lambda: SaleHead(self.encoder, dim)}
         unknown = set(head_names) - set(built)
         if unknown:

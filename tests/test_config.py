@@ -21,10 +21,16 @@ def test_preset_and_overrides():
     ("optim.lr_scaling=cubic", "optim.lr_scaling"),
     ("data.batchsize=3", "unknown keys ['batchsize']"),
     ("epochs=0", "epochs must be >= 1"),
+    ("model.uniform_bce_weight=-1", "model.uniform_bce_weight must be >= 0"),
 ])
 def test_bad_values_stop_with_a_clear_error(override, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
         load_config(None, [override])
+
+
+def test_uniform_bce_weight_needs_the_full_softmax():
+    with pytest.raises(ValueError, match="needs model.loss=full"):
+        load_config(None, ["model.loss=bce", "model.uniform_bce_weight=1"])
 
 
 def test_missing_config_file_names_the_presets():

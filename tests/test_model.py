@@ -190,3 +190,23 @@ def test_exclude_seen_drops_history_from_the_negatives_but_keeps_a_repeated_targ
         assert torch.allclose(loss_value, expected)
         m.heads["next_item"].exclude_seen = False
         assert m(batch)["next_item"] > loss_value  # seen items were competing negatives
+
+
+def test_uniform_bce_weight_adds_the_bce_loss_against_the_same_draws_to_the_softmax():
+    torch.manual_seed(0)
+    kwargs = dict(dim=16, layers=1, heads=2, dropout=0.0, negatives=8, head_names=("next_item",))
+    mixed = CTSM(SIZES, loss="full", uniform_bce_weight=0.5, **kwargs)
+    softmax, bce = (CTSM(SIZES, loss=kind, **kwargs) for kind in ("full", "bce"))
+    for other in (softmax, bce):
+        other.load_state_dict(mixed.state_dict())
+    batch, _ = make_batch()
+    batch |= {"target_row": torch.tensor([0, 1, 2]), "target_pos": torch.tensor([3, 6, 2]),
+              "target_item": torch.tensor([4, 9, 7]), "target_label": torch.zeros(3),
+              "target_log_dt": torch.zeros(3)}
+    torch.manual_seed(1)
+    mixed_loss = mixed(batch)["next_item"]
+    torch.manual_seed(1)
+    bce_loss = bce(batch)["next_item"]  # draws the same negatives
+    expected = softmax(batch)["next_item"] + 0.5 * bce_loss
+    assert torch.allclose(mixed_loss, expected)
+    assert mixed_loss > softmax(batch)["next_item"] + 0.01  # the term is there and positive
