@@ -90,6 +90,11 @@ class ModelConfig:
     position) out of the next-item loss's negatives; a target that repeats one stays the
     target. Full-ranking evaluation and scoring never offer those items, so without this the
     loss spends effort pushing down scores that are never used."""
+    exclude_tied: bool = False
+    """Leave the other targets predicted from the same state out of each target's negatives.
+    Under the strict tie rule every event of a group tied in time is a target of the state
+    before the group (76% of ML-100K's training targets share their state), and each would
+    otherwise be a negative of the others. No effect on data without such groups."""
     loss: str = "full"
     """Next-item loss: 'full' softmax, 'sampled' softmax or 'bce' with sampled negatives."""
     negatives: int = 100

@@ -172,19 +172,22 @@ class NextItemHead(nn.Module):
     loss: 'full' softmax over all items; 'sampled' softmax over the target and `negatives`
     uniformly sampled items; 'bce' binary loss of the target against `negatives` sampled items.
     exclude_seen: items the client already had at or before the state's position are no
-    negatives (targets["seen"], see seen_items); the target itself always stays.
+    negatives (see seen_items); the target itself always stays.
+    exclude_tied: the other targets predicted from the same state (events tied in time, under
+    the strict tie rule) are no negatives of each other (see tied_targets).
+    Both reach the loss as one mask, targets["not_negative"].
     uniform_bce_weight: with the 'full' loss, add this weight times the 'bce' loss against
     `negatives` uniformly drawn items (what the sampled evaluation ranks the target against).
     """
 
     def __init__(self, encoder: TemporalEncoder, loss: str, negatives: int, item_bias=True,
-                 exclude_seen=False, uniform_bce_weight=0.0):
+                 exclude_seen=False, uniform_bce_weight=0.0, exclude_tied=False):
         super().__init__()
         self.encoder = [encoder]  # a list: share the embedding without registering it twice
         # Without item_bias the vector stays zero (same state keys, so checkpoints load either way).
         self.bias = nn.Parameter(torch.zeros(encoder.item.num_embeddings), requires_grad=item_bias)
         self.loss_kind, self.negatives, self.exclude_seen = loss, negatives, exclude_seen
-        self.uniform_bce_weight = uniform_bce_weight
+        self.uniform_bce_weight, self.exclude_tied = uniform_bce_weight, exclude_tied
 
     def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[B, d] states -> [B, C] scores for item_ids ([C] or [B, C]); all items when None."""
@@ -200,7 +203,7 @@ class NextItemHead(nn.Module):
 
     def loss(self, states: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
         target = targets["item"]
-        seen = targets.get("seen") if self.exclude_seen else None
+        seen = targets.get("not_negative") if self.exclude_seen or self.exclude_tied else None
         if seen is not None:  # the target is never masked, even when it repeats a seen item
             seen = seen.scatter(1, target.unsqueeze(1), False)
         if self.loss_kind == "full":
@@ -220,8 +223,8 @@ class NextItemHead(nn.Module):
 
     def _sampled(self, states, target, seen):
         """Scores of [target, `negatives` uniformly drawn items] per state, and which of those
-        are no negatives: a draw that equals the target or, with exclude_seen, that the client
-        already had (column 0, the target, never is)."""
+        are no negatives: a draw that equals the target or, with exclude_seen or exclude_tied,
+        one in the not_negative mask (column 0, the target, never is)."""
         n_items = self.bias.shape[0]
         neg = torch.randint(1, n_items, (target.shape[0], self.negatives), device=target.device)
         candidates = torch.cat([target.unsqueeze(1), neg], dim=1)
@@ -275,9 +278,24 @@ def seen_items(items: torch.Tensor, target_row: torch.Tensor, target_pos: torch.
     return first[target_row] <= target_pos.unsqueeze(1)
 
 
+def tied_targets(target_row: torch.Tensor, target_pos: torch.Tensor, target_item: torch.Tensor,
+                 num_items: int) -> torch.Tensor:
+    """[T, num_items] bool: item i is the target of a target predicted from the same state
+    (same row and position), the target's own item included. Under the strict tie rule every
+    event of a group tied in time is predicted from the state before the group, so without
+    this each one is a negative of the others."""
+    state = target_row.long() * (int(target_pos.max()) + 1 if len(target_pos) else 1) + target_pos
+    _, group = torch.unique(state, return_inverse=True)
+    items = torch.zeros(int(group.max()) + 1 if len(group) else 0, num_items, dtype=torch.bool,
+                        device=target_item.device)
+    items[group, target_item] = True
+    return items[group]
+
+
 # Architecture settings of models saved before they existed: such a model.pt is rebuilt as it was.
 LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias": True,
-               "exclude_seen": False, "recency_bias": False, "uniform_bce_weight": 0.0}
+               "exclude_seen": False, "recency_bias": False, "uniform_bce_weight": 0.0,
+               "exclude_tied": False}
 
 
 class CTSM(nn.Module):
@@ -286,13 +304,13 @@ class CTSM(nn.Module):
     def __init__(self, sizes: ModelSizes, dim=64, layers=2, heads=2, dropout=0.2,
                  loss="full", negatives=100, head_names=("next_item", "sale"),
                  block="residual", ff_mult=4, side_features=True, item_bias=True,
-                 exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0):
+                 exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0, exclude_tied=False):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
                                        side_features, recency_bias)
         built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias,
-                                                   exclude_seen, uniform_bce_weight),
+                                                   exclude_seen, uniform_bce_weight, exclude_tied),
                  "sale": lambda: SaleHead(self.encoder, dim)}
         unknown = set(head_names) - set(built)
         if unknown:
@@ -323,9 +341,16 @@ class CTSM(nn.Module):
         states = self.states_at(batch)
         targets = {"item": batch["target_item"], "label": batch["target_label"],
                    "log_dt": batch["target_log_dt"]}
-        if self.heads["next_item"].exclude_seen:
-            targets["seen"] = seen_items(batch["item"], batch["target_row"], batch["target_pos"],
-                                         self.sizes.num_items)
+        head = self.heads["next_item"]
+        masks = []
+        if head.exclude_seen:
+            masks.append(seen_items(batch["item"], batch["target_row"], batch["target_pos"],
+                                    self.sizes.num_items))
+        if head.exclude_tied:
+            masks.append(tied_targets(batch["target_row"], batch["target_pos"],
+                                      batch["target_item"], self.sizes.num_items))
+        if masks:
+            targets["not_negative"] = masks[0] if len(masks) == 1 else masks[0] | masks[1]
         return {name: head.loss(states, targets) for name, head in self.heads.items()}
 
     def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:

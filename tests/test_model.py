@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hvd_ctsm.model import CTSM, ModelSizes, recency_bias, seen_items
+from hvd_ctsm.model import CTSM, ModelSizes, recency_bias, seen_items, tied_targets
 
 SIZES = ModelSizes(num_items=50, num_event_types=5, attr_sizes=[4, 3], max_len=12)
 
@@ -210,3 +210,29 @@ def test_uniform_bce_weight_adds_the_bce_loss_against_the_same_draws_to_the_soft
     expected = softmax(batch)["next_item"] + 0.5 * bce_loss
     assert torch.allclose(mixed_loss, expected)
     assert mixed_loss > softmax(batch)["next_item"] + 0.01  # the term is there and positive
+
+
+def test_tied_targets_marks_the_items_of_targets_sharing_a_state():
+    rows, pos = torch.tensor([0, 0, 0, 1, 1]), torch.tensor([2, 2, 5, 2, 2])
+    items = torch.tensor([3, 4, 6, 3, 7])
+    tied = tied_targets(rows, pos, items, num_items=8)
+    marked = [sorted(torch.nonzero(r).flatten().tolist()) for r in tied]
+    # (0, 2) has items 3 and 4; (0, 5) only 6; (1, 2) 3 and 7: never across rows or positions
+    assert marked == [[3, 4], [3, 4], [6], [3, 7], [3, 7]]
+
+
+def test_exclude_tied_leaves_a_sibling_target_out_of_the_softmax_negatives():
+    torch.manual_seed(0)
+    m = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0, loss="full", head_names=("next_item",),
+             exclude_seen=False, exclude_tied=True)
+    batch, _ = make_batch()
+    batch |= {"target_row": torch.tensor([0, 0, 1]), "target_pos": torch.tensor([3, 3, 3]),
+              "target_item": torch.tensor([5, 9, 9]), "target_label": torch.zeros(3),
+              "target_log_dt": torch.zeros(3)}
+    loss_value = m(batch)["next_item"]
+    logits = m.score(m.states_at(batch))
+    logits[0, 9] = logits[1, 5] = float("-inf")  # row 0's two targets share position 3
+    expected = torch.nn.functional.cross_entropy(logits, batch["target_item"])
+    assert torch.allclose(loss_value, expected)
+    m.heads["next_item"].exclude_tied = False
+    assert m(batch)["next_item"] > loss_value  # the sibling was a competing negative
