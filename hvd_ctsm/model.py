@@ -20,6 +20,7 @@ HEADS, with no change to the encoder.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -341,16 +342,16 @@ class CTSM(nn.Module):
         states = self.states_at(batch)
         targets = {"item": batch["target_item"], "label": batch["target_label"],
                    "log_dt": batch["target_log_dt"]}
-        head = self.heads["next_item"]
-        masks = []
-        if head.exclude_seen:
+        next_item = self.heads["next_item"]
+        masks = []  # items that are no negatives of a target: see NextItemHead
+        if next_item.exclude_seen:
             masks.append(seen_items(batch["item"], batch["target_row"], batch["target_pos"],
                                     self.sizes.num_items))
-        if head.exclude_tied:
+        if next_item.exclude_tied:
             masks.append(tied_targets(batch["target_row"], batch["target_pos"],
                                       batch["target_item"], self.sizes.num_items))
         if masks:
-            targets["not_negative"] = masks[0] if len(masks) == 1 else masks[0] | masks[1]
+            targets["not_negative"] = functools.reduce(torch.logical_or, masks)
         return {name: head.loss(states, targets) for name, head in self.heads.items()}
 
     def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
