@@ -5,8 +5,9 @@
 Each repeat runs both backends in turn (H T, H T, ...) so that they share the machine's moments.
 Per run, from the trainer's own log: epoch seconds (sum of step times), rows/s, the time shares
 (under torch the gradient wait is inside "backward": DDP reduces while backward runs), the wall
-time of the whole launch, and the validation NDCG@10. Writes results/backends_MACHINE_DATE_DATA.json
-with medians over the repeats and the Horovod/torch ratio of each repeat.
+time of the whole launch, and the validation NDCG@10. Writes
+results/backends_MACHINE_DATE_DATA_EPOCHSep.json with medians over the repeats and the
+Horovod/torch ratio of each repeat.
 """
 
 from __future__ import annotations
@@ -44,12 +45,12 @@ def one_run(args, backend: str, work: Path) -> dict:
                                   "ndcg@10": summary["validation"]["full"]["ndcg@10"]}
 
 
-def result_name(stamp: dict, data: str) -> str:
-    """backends_<cpu>_<date>_<data>: which machine, day and dataset the numbers belong to (one
-    file per dataset, so that a second dataset's run on the same day does not replace it)."""
+def result_name(stamp: dict, data: str, epochs: int) -> str:
+    """backends_<cpu>_<date>_<data>_<epochs>ep: which machine, day, dataset and run length the
+    numbers belong to (so that another dataset's or length's run that day replaces nothing)."""
     cpu = re.sub(r"[^a-z0-9]+", "-", stamp["cpu"].lower()).strip("-")[:40]
     data = re.sub(r"[^A-Za-z0-9_.-]+", "-", data)
-    return f"backends_{cpu}-{stamp['cores']}c_{stamp['date'][:10]}_{data}"
+    return f"backends_{cpu}-{stamp['cores']}c_{stamp['date'][:10]}_{data}_{epochs}ep"
 
 
 def summarize(runs: dict) -> dict:
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
             print(f"[backends] repeat {rep + 1}: {backend}: "
                   f"{runs[backend][-1]['rows_per_s']:.0f} rows/s", flush=True)
     summary = summarize(runs)
-    path = save(result_name(machine(), args.data.name), {
+    path = save(result_name(machine(), args.data.name, args.epochs), {
         "data": args.data.name, "config": args.config, "np": args.np, "epochs": args.epochs,
         "repeats": args.repeats, "summary": summary, "runs": runs,
         "bench_seconds": time.perf_counter() - t0}, args.out)
