@@ -204,25 +204,25 @@ class NextItemHead(nn.Module):
 
     def loss(self, states: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
         target = targets["item"]
-        seen = targets.get("not_negative") if self.exclude_seen or self.exclude_tied else None
-        if seen is not None:  # the target is never masked, even when it repeats a seen item
-            seen = seen.scatter(1, target.unsqueeze(1), False)
+        masked = targets.get("not_negative") if self.exclude_seen or self.exclude_tied else None
+        if masked is not None:  # the target is never masked, even when it repeats a seen item
+            masked = masked.scatter(1, target.unsqueeze(1), False)
         if self.loss_kind == "full":
             logits = self.score(states)
-            if seen is not None:
-                logits = logits.masked_fill(seen, float("-inf"))
+            if masked is not None:
+                logits = logits.masked_fill(masked, float("-inf"))
             loss = F.cross_entropy(logits, target)
             if self.uniform_bce_weight:
-                loss = loss + self.uniform_bce_weight * self._bce(*self._sampled(states, target,
-                                                                                 seen))
+                sampled = self._sampled(states, target, masked)
+                loss = loss + self.uniform_bce_weight * self._bce(*sampled)
             return loss
-        logits, collides = self._sampled(states, target, seen)
+        logits, collides = self._sampled(states, target, masked)
         if self.loss_kind == "sampled":
             logits = logits.masked_fill(collides, float("-inf"))
             return F.cross_entropy(logits, torch.zeros_like(target))
         return self._bce(logits, collides)
 
-    def _sampled(self, states, target, seen):
+    def _sampled(self, states, target, masked):
         """Scores of [target, `negatives` uniformly drawn items] per state, and which of those
         are no negatives: a draw that equals the target or, with exclude_seen or exclude_tied,
         one in the not_negative mask (column 0, the target, never is)."""
@@ -230,8 +230,8 @@ class NextItemHead(nn.Module):
         neg = torch.randint(1, n_items, (target.shape[0], self.negatives), device=target.device)
         candidates = torch.cat([target.unsqueeze(1), neg], dim=1)
         collides = candidates == target.unsqueeze(1)
-        if seen is not None:
-            collides |= seen.gather(1, candidates)
+        if masked is not None:
+            collides |= masked.gather(1, candidates)
         collides[:, 0] = False
         return self.score(states, candidates), collides
 
@@ -285,10 +285,9 @@ def tied_targets(target_row: torch.Tensor, target_pos: torch.Tensor, target_item
     (same row and position), the target's own item included. Under the strict tie rule every
     event of a group tied in time is predicted from the state before the group, so without
     this each one is a negative of the others."""
-    state = target_row.long() * (int(target_pos.max()) + 1 if len(target_pos) else 1) + target_pos
-    _, group = torch.unique(state, return_inverse=True)
-    items = torch.zeros(int(group.max()) + 1 if len(group) else 0, num_items, dtype=torch.bool,
-                        device=target_item.device)
+    states, group = torch.unique(torch.stack([target_row.long(), target_pos.long()]), dim=1,
+                                 return_inverse=True)
+    items = torch.zeros(states.shape[1], num_items, dtype=torch.bool, device=target_item.device)
     items[group, target_item] = True
     return items[group]
 
