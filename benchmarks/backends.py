@@ -7,7 +7,12 @@ Per run, from the trainer's own log: epoch seconds (sum of step times), rows/s, 
 (under torch the gradient wait is inside "backward": DDP reduces while backward runs), the wall
 time of the whole launch, and the validation NDCG@10. Writes
 results/backends_MACHINE_DATE_DATA_EPOCHSep.json with medians over the repeats and the
-Horovod/torch ratio of each repeat.
+Horovod/torch ratio of each repeat. With --pair, each repeat also runs one single-rank trainer
+alone (each backend's np=2 epoch time against it) and two independent single-rank trainers side
+by side (no communication: what two workers reach on this machine; each backend's np=2 rows/s
+against the pair of its own repeat). For torch, whose reduction hides inside backward, the
+exposed share of communication is the backward seconds per step beyond the pair's, over the
+step time.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import RESULTS, horovodrun, machine, run, save, spread  # noqa: E402
-from benchmarks.scaling import read_train_log, trainer_args  # noqa: E402
+from benchmarks.scaling import read_train_log, run_np, run_pair, trainer_args  # noqa: E402
 
 BACKENDS = ("horovod", "torch")
 
@@ -45,6 +50,13 @@ def one_run(args, backend: str, work: Path) -> dict:
                                   "ndcg@10": summary["validation"]["full"]["ndcg@10"]}
 
 
+def single_runs(args, kind: str, work: Path) -> dict:
+    """np1: one single-rank trainer alone; pair: two at once."""
+    if kind == "pair":
+        return run_pair(args.data, work, args.config, [f"epochs={args.epochs}"])
+    return run_np(1, args.data, work, args.config, [f"epochs={args.epochs}"])
+
+
 def result_name(stamp: dict, data: str, epochs: int) -> str:
     """backends_<cpu>_<date>_<data>_<epochs>ep: which machine, day, dataset and run length the
     numbers belong to (so that another dataset's or length's run that day replaces nothing)."""
@@ -59,11 +71,35 @@ def summarize(runs: dict) -> dict:
               "wall_seconds": spread(r["wall_seconds"] for r in rs),
               "allreduce_share": spread(r["shares"].get("allreduce", 0.0) for r in rs),
               "backward_share": spread(r["shares"].get("backward", 0.0) for r in rs),
-              "ndcg@10": spread(r["ndcg@10"] for r in rs)} for b, rs in runs.items()}
+              "ndcg@10": spread(r["ndcg@10"] for r in rs)}
+          for b, rs in ((b, runs[b]) for b in BACKENDS)}
     pairs = list(zip(runs["horovod"], runs["torch"], strict=True))
     by["horovod_over_torch_rows_per_s"] = spread(h["rows_per_s"] / t["rows_per_s"]
                                                  for h, t in pairs)
+    if runs.get("pair"):
+        by["pair_rows_per_s"] = spread(p["rows_per_s"] for p in runs["pair"])
+        by["np1_epoch_seconds"] = spread(r["epoch_seconds"] for r in runs["np1"])
+        for b in BACKENDS:
+            by[b]["epoch_time_vs_np1"] = spread(
+                r["epoch_seconds"] / one["epoch_seconds"]
+                for r, one in zip(runs[b], runs["np1"], strict=True))
+            mine = list(zip(runs[b], runs["pair"], strict=True))
+            by[b]["efficiency_vs_pair"] = spread(r["rows_per_s"] / p["rows_per_s"]
+                                                 for r, p in mine)
+            by[b]["backward_beyond_pair_share"] = spread(backward_beyond_pair(r, p)
+                                                         for r, p in mine)
     return by
+
+
+def step_seconds(run: dict, phase: str) -> float:
+    return run["epoch_seconds"] / run["steps"] * run["shares"].get(phase, 0.0)
+
+
+def backward_beyond_pair(run: dict, pair: dict) -> float:
+    """Backward seconds per step beyond the pair's (the same per-rank batch, no reduction), over
+    the step time: under torch, the part of DDP's reduction that backward does not hide."""
+    alone = sum(step_seconds(p, "backward") for p in pair["each"]) / len(pair["each"])
+    return (step_seconds(run, "backward") - alone) / (run["epoch_seconds"] / run["steps"])
 
 
 def main(argv=None) -> int:
@@ -74,14 +110,21 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--pair", action="store_true",
+                   help="also run one single-rank trainer alone and two side by side per "
+                        "repeat (np=2 only)")
     args = p.parse_args(argv)
-    t0, runs = time.perf_counter(), {b: [] for b in BACKENDS}
+    if args.pair and args.np != 2:
+        p.error("--pair compares np=2 with two single-rank trainers: use --np 2")
+    kinds = [*BACKENDS, *(["np1", "pair"] if args.pair else [])]
+    t0, runs = time.perf_counter(), {kind: [] for kind in kinds}
     for rep in range(args.repeats):
-        for backend in BACKENDS:
+        for kind in kinds:
             with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:
-                runs[backend].append(one_run(args, backend, Path(tmp)))
-            print(f"[backends] repeat {rep + 1}: {backend}: "
-                  f"{runs[backend][-1]['rows_per_s']:.0f} rows/s", flush=True)
+                runs[kind].append(one_run(args, kind, Path(tmp)) if kind in BACKENDS
+                                  else single_runs(args, kind, Path(tmp)))
+            print(f"[backends] repeat {rep + 1}: {kind}: "
+                  f"{runs[kind][-1]['rows_per_s']:.0f} rows/s", flush=True)
     summary = summarize(runs)
     path = save(result_name(machine(), args.data.name, args.epochs), {
         "data": args.data.name, "config": args.config, "np": args.np, "epochs": args.epochs,

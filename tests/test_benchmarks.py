@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from benchmarks import (comm, input_pipeline, model_search, quality, quality_report, report,
-                        scaling, spark_features, trainer_ab)
+from benchmarks import (backends, comm, input_pipeline, model_search, quality, quality_report,
+                        report, scaling, spark_features, trainer_ab)
 
 pytestmark = [pytest.mark.slow, pytest.mark.horovod]
 
@@ -105,6 +105,30 @@ def test_trainer_ab_alternates_variants_and_splits_epochs(results):
     for runs in p["runs"].values():  # one log record per epoch
         assert [len(r["data_share_by_record"]) for r in runs] == [2]
     assert p["summary"]["data.read_ahead_steps=0"]["vs_first"]["median"] == 1.0
+
+
+def test_backends_trains_under_both_launchers_beside_an_independent_pair(tiny_features, tmp_path):
+    """horovodrun, torchrun and two single-rank trainers, once each: both engines train the same
+    numbers, and each is compared with the pair of its repeat."""
+    assert backends.main(["--data", str(tiny_features), "--config", "default", "--repeats", "1",
+                          "--pair", "--out", str(tmp_path)]) == 0
+    [path] = tmp_path.glob("backends_*_tiny_1ep.json")
+    payload = json.loads(path.read_text())
+    runs, summary = payload["runs"], payload["summary"]
+    assert [len(runs[k]) for k in ("horovod", "torch", "pair")] == [1, 1, 1]
+    assert len(runs["pair"][0]["each"]) == 2
+    assert runs["horovod"][0]["steps"] == runs["torch"][0]["steps"] > 0
+    assert runs["horovod"][0]["ndcg@10"] == pytest.approx(runs["torch"][0]["ndcg@10"], abs=1e-6)
+    for backend in ("horovod", "torch"):
+        assert 0 < summary[backend]["efficiency_vs_pair"]["median"] < 2
+        assert -1 < summary[backend]["backward_beyond_pair_share"]["median"] < 1
+
+
+def test_backward_beyond_the_pair_is_a_share_of_the_step():
+    run = {"epoch_seconds": 10.0, "steps": 10, "shares": {"backward": 0.5}}  # 0.5 s per step
+    pair = {"each": [{"epoch_seconds": 8.0, "steps": 10, "shares": {"backward": 0.5}},
+                     {"epoch_seconds": 12.0, "steps": 10, "shares": {"backward": 0.25}}]}
+    assert backends.backward_beyond_pair(run, pair) == pytest.approx((0.5 - 0.35) / 1.0)
 
 
 def test_spark_feature_benchmark_quick(spark, tmp_path):
