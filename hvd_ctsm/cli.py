@@ -19,7 +19,7 @@ from pathlib import Path
 # step -> (module whose main(argv) runs it, one line of help)
 STEPS = {
     "features": ("spark_jobs.build_features", "the Spark feature job: events -> Petastorm dataset"),
-    "train": ("hvd_ctsm.launch", "train on this rank (run it under horovodrun for several)"),
+    "train": ("hvd_ctsm.launch", "train on this rank (under torchrun or horovodrun for several)"),
     "backtest": ("hvd_ctsm.backtest", "offline evaluation against popularity, with a gate"),
     "gate": ("hvd_ctsm.gate", "apply a deploy gate to a backtest report (exit 1 refuses)"),
     "deploy": ("hvd_ctsm.deploy", "copy a gated model into the registry"),

@@ -1,6 +1,6 @@
 """MLflow tracking, registry and pyfunc flavour on real local MLflow stores (SQLite in tmp_path).
 
-The end-to-end test runs `./run.sh demo` itself (features, 2 Horovod ranks, backtest, gate,
+The end-to-end test runs `./run.sh demo` itself (features, 2 ranks under torchrun, backtest, gate,
 deploy, score) into tmp_path and reads what it left through MLflow's own client; the pyfunc
 model is then loaded from the registry and scored with pandas and with Spark.
 """
@@ -195,7 +195,8 @@ def test_demo_ends_with_a_tracked_run_and_a_champion(demo):
     run = client.get_run(champion.run_id)
     assert run.info.run_id == read_link(demo / "model").run_id
     assert run.info.status == "FINISHED"
-    assert run.data.tags["backend"] == "horovod" and run.data.tags["ranks"] == "2"
+    # run.sh trains under torchrun on a host without GPUs (as CI's), horovodrun where it has them
+    assert run.data.tags["backend"] == "torch" and run.data.tags["ranks"] == "2"
     assert run.data.tags["gate.passed"] == "True"
     assert run.data.params["epochs"] == "2" and run.data.params["model.dim"] == "32"
     for key in ("loss/next_item", "lr", "samples_per_s", "time_share/allreduce",
