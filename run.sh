@@ -29,8 +29,8 @@ usage: ./run.sh STEP [args...]
   test       the test suite (what CI runs); --fast: the unit tier only (about a minute)
   lint       ruff, isort and hadolint (the Dockerfiles)
   features   the Spark feature job         (hvd-ctsm features ...)
-  train      the trainer, NP ranks     (NP=2 ./run.sh train --data DIR ...): under torchrun (DDP;
-             MAX_RESTARTS=1 restarts from checkpoints) on CPU, horovodrun on GPUs; BACKEND=horovod|torch
+  train      the trainer on NP ranks   (NP=2 ./run.sh train --data DIR ...): torchrun (DDP,
+             MAX_RESTARTS=1 restarts) on CPU, horovodrun on GPUs; BACKEND=horovod|torch chooses
   backtest   offline evaluation + gate     (hvd-ctsm backtest ...)
   gate       apply a deploy gate to a backtest report (hvd-ctsm gate ...)
   deploy     copy a gated model into the registry (hvd-ctsm deploy ...)
@@ -93,11 +93,12 @@ trainer_backend() {
 has_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
 
 train_launch() {
-    if [[ $(trainer_backend) == torch ]]; then
-        torchrun_launch --no-python "$VENV/bin/hvd-ctsm" train "$@"
-    else
-        hvdrun "$VENV/bin/hvd-ctsm" train "$@"
-    fi
+    case $(trainer_backend) in
+        torch) torchrun_launch --no-python "$VENV/bin/hvd-ctsm" train "$@" ;;
+        horovod) hvdrun "$VENV/bin/hvd-ctsm" train "$@" ;;
+        *) echo "BACKEND=$BACKEND: use BACKEND=horovod or BACKEND=torch (or leave it unset)" >&2
+           exit 2 ;;
+    esac
 }
 
 demo() {

@@ -65,14 +65,17 @@ def result_name(stamp: dict, data: str, epochs: int) -> str:
     return f"backends_{cpu}-{stamp['cores']}c_{stamp['date'][:10]}_{data}_{epochs}ep"
 
 
+def backend_summary(rs: list[dict]) -> dict:
+    return {"epoch_seconds": spread(r["epoch_seconds"] for r in rs),
+            "rows_per_s": spread(r["rows_per_s"] for r in rs),
+            "wall_seconds": spread(r["wall_seconds"] for r in rs),
+            "allreduce_share": spread(r["shares"].get("allreduce", 0.0) for r in rs),
+            "backward_share": spread(r["shares"].get("backward", 0.0) for r in rs),
+            "ndcg@10": spread(r["ndcg@10"] for r in rs)}
+
+
 def summarize(runs: dict) -> dict:
-    by = {b: {"epoch_seconds": spread(r["epoch_seconds"] for r in rs),
-              "rows_per_s": spread(r["rows_per_s"] for r in rs),
-              "wall_seconds": spread(r["wall_seconds"] for r in rs),
-              "allreduce_share": spread(r["shares"].get("allreduce", 0.0) for r in rs),
-              "backward_share": spread(r["shares"].get("backward", 0.0) for r in rs),
-              "ndcg@10": spread(r["ndcg@10"] for r in rs)}
-          for b, rs in ((b, runs[b]) for b in BACKENDS)}
+    by = {b: backend_summary(runs[b]) for b in BACKENDS}
     pairs = list(zip(runs["horovod"], runs["torch"], strict=True))
     by["horovod_over_torch_rows_per_s"] = spread(h["rows_per_s"] / t["rows_per_s"]
                                                  for h, t in pairs)
