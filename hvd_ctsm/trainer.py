@@ -27,6 +27,7 @@ from hvd_ctsm import faults, outputs, tracking
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import CheckpointManager, save_state
 from hvd_ctsm.config import TrainConfig, save_config, to_dict
+from hvd_ctsm.cpu_memory import keep_freed_memory
 from hvd_ctsm.data import EpochPlan, eval_batches, split_url
 from hvd_ctsm.dataset_meta import DatasetMeta, read_metadata
 from hvd_ctsm.evaluate import evaluate, model_scorer
@@ -43,6 +44,9 @@ def start_rank(cfg: TrainConfig) -> tuple[DatasetMeta, torch.device, CTSM]:
     dist.start(cfg.dist.backend, cfg.dist.threads_per_rank, cfg.dist.fusion_threshold_mb,
                cfg.dist.cycle_time_ms)
     device = torch.device(f"cuda:{dist.local_rank()}" if torch.cuda.is_available() else "cpu")
+    keep = cfg.dist.keep_freed_memory
+    if keep or (keep is None and device.type == "cpu"):
+        keep_freed_memory()
     torch.manual_seed(cfg.seed)
     model = CTSM.from_config(build_model_sizes(meta), asdict(cfg.model))
     return meta, device, model.to(device)

@@ -1,0 +1,40 @@
+"""keep_freed_memory: a process that allocates and frees the same large tensor again and again
+stops faulting fresh pages in for it (counted by the kernel, not timed)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hvd_ctsm.cpu_memory import glibc
+
+# Each run in a fresh process: the setting cannot be undone in the process that made it.
+ALLOCATE_AND_FREE = """
+import json, resource, sys
+import torch
+from hvd_ctsm.cpu_memory import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+for _ in range(10):  # the heap grows to its peak first (glibc places the first few apart)
+    torch.ones(40 * 2**20 // 4).sum()  # 40 MB: above glibc's largest mmap threshold (32 MB)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    torch.ones(40 * 2**20 // 4).sum()
+after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+print(json.dumps({"kept": kept, "faults_per_tensor": (after - before) / 20}))
+"""
+
+
+def faults_per_tensor(mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", ALLOCATE_AND_FREE, mode], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+@pytest.mark.skipif(glibc() is None, reason="mallopt is glibc's; elsewhere nothing is changed")
+def test_freed_memory_is_reused_instead_of_faulted_in_again():
+    default, kept = faults_per_tensor("default"), faults_per_tensor("keep")
+    assert kept["kept"] is True
+    # 40 MB is 10,240 pages of 4 KB: by default each tensor faults (nearly) all of them in.
+    assert default["faults_per_tensor"] > 5000
+    assert kept["faults_per_tensor"] < 100
