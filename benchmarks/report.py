@@ -140,16 +140,19 @@ def quality(p: dict) -> list[str]:
 
 def trainer_ab(p: dict) -> list[str]:
     """One side-by-side check of trainer settings (benchmarks/trainer_ab.py)."""
-    out = [f"Data: {p['data']}, preset {p['config']}, np={p['np']}, {p['epochs']} epoch(s), "
+    out = [f"Data: {p['data']}, preset {p['config']}, np={p['np']} "
+           f"({p.get('backend', 'horovod')}), {p['epochs']} epoch(s), "
            f"{p['repeats']} repeats, variants in turn.", "",
            "| variant | s per epoch | time vs first | allreduce wait | data wait, 1st epoch "
-           "| data wait, later epochs |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+           "| data wait, later epochs | kernel share of CPU |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, v in p["summary"].items():
-        later = v.get("data_share_later_epochs")
+        later, kernel = v.get("data_share_later_epochs"), v.get("kernel_share_of_cpu")
         out.append(f"| `{name}` | {med(v['epoch_seconds'], '{:.1f}')} | {med(v['vs_first'])} "
                    f"| {med(v['allreduce_share'], '{:.1%}')} "
                    f"| {med(v['data_share_first_epoch'], '{:.1%}')} "
-                   f"| {med(later, '{:.2%}') if later else '-'} |")
+                   f"| {med(later, '{:.2%}') if later else '-'} "
+                   f"| {med(kernel, '{:.1%}') if kernel else '-'} |")
     return [*out, ""]
 
 

@@ -30,6 +30,9 @@ def results(tiny_features, tmp_path_factory):
     assert trainer_ab.main([*data, "--config", "default", "--epochs", "2", "--repeats", "1",
                             "--name", "read_ahead", "--variant", "data.read_ahead_steps=0",
                             "--variant", "data.read_ahead_steps=4", "--out", str(out)]) == 0
+    assert trainer_ab.main([*data, "--config", "default", "--repeats", "1", "--backend", "torch",
+                            "--name", "keep_freed", "--variant", "dist.keep_freed_memory=false",
+                            "--variant", "dist.keep_freed_memory=true", "--out", str(out)]) == 0
     return out
 
 
@@ -105,6 +108,15 @@ def test_trainer_ab_alternates_variants_and_splits_epochs(results):
     for runs in p["runs"].values():  # one log record per epoch
         assert [len(r["data_share_by_record"]) for r in runs] == [2]
     assert p["summary"]["data.read_ahead_steps=0"]["vs_first"]["median"] == 1.0
+
+
+def test_trainer_ab_under_torchrun_counts_the_kernels_share_of_cpu(results):
+    p = load(results, "ab_keep_freed")
+    assert p["backend"] == "torch"
+    for runs in p["runs"].values():
+        assert runs[0]["steps"] > 0 and runs[0]["cpu_user_seconds"] > 0
+    for variant in p["summary"].values():
+        assert 0 < variant["kernel_share_of_cpu"]["median"] < 1
 
 
 def test_backends_trains_under_both_launchers_beside_an_independent_pair(tiny_features, tmp_path):
