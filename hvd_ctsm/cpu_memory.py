@@ -5,8 +5,9 @@ alone are targets x items x 4 bytes (about 40 MB for a batch of 64 MovieLens cli
 softmax, its gradient and the masks are as large. glibc's malloc serves every block above its
 mmap threshold (which never exceeds 32 MB) with fresh pages from the kernel and returns them on
 free, so each step pays the kernel to map and zero them again: on ML-100K, 220,000 page faults
-per second per rank, a third of each rank's CPU time spent in the kernel. With mmap off and
-trimming off, freed blocks stay in the process's heap and the next step reuses them.
+per second per rank, and a sixth (whole runs) to a third (mid-training) of each rank's CPU time
+spent in the kernel. With mmap off and trimming off, freed blocks stay in the process's heap
+and the next step reuses them.
 
 On ML-100K epochs took 0.76x the time at np=1 and 0.80x at np=2 (README, Performance). The
 price is memory: the process keeps its peak heap until it exits, as GPU caching allocators do
