@@ -140,7 +140,7 @@ def test_lower_layers_never_import_upward():
 LAYERS = [
     {"hvd_ctsm", "schema", "atomic", "config", "config_types", "storage", "dataset_meta", "errors",
      "outputs", "npy_codec", "run_folder", "metrics", "faults", "model", "distributed",
-     "spark_session"},
+     "spark_session", "cpu_memory"},
     {"data", "checkpoint", "evaluate", "topk", "tracking", "serving", "backtest"},
     {"trainer", "train_support", "elastic", "deploy", "gate"},
     {"train", "elastic_loop", "score"},
