@@ -52,7 +52,9 @@ def sale_probability(in_taste: np.ndarray, continues: np.ndarray) -> np.ndarray:
     def rated_high(taste):
         return 0.5 * (1 + erf((3 + taste - (LABEL_MIN_RATING - 0.5)) / sqrt(2)))
     high = np.where(in_taste, rated_high(1), rated_high(0))
-    return 0.08 + 0.32 * in_taste + 0.25 * continues + synthetic.P_RATING * high
+    purchase = (synthetic.P_PURCHASE_BASE + synthetic.P_PURCHASE_IN_TASTE * in_taste
+                + synthetic.P_PURCHASE_CONTINUES * continues)
+    return purchase + synthetic.P_RATING * high
 
 
 def auc(score: np.ndarray, label: np.ndarray) -> float:
