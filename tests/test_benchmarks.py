@@ -97,7 +97,11 @@ def test_quality_report_trains_ctsm_and_the_baseline_and_reuses_logged_cells(tin
     assert {t["data"] for t in trials} == {tiny_features.name}
     text = (tmp_path / "quality_report_quick.md").read_text()
     assert "| tiny | ctsm | 1 of 1 |" in text and "| tiny | sasrec | 1 of 1 |" in text
-    assert "| tiny | popularity |" in text
+    rows = {cells[2].strip(): [c.strip() for c in cells[1:-1]]
+            for cells in (line.split("|") for line in text.splitlines())
+            if len(cells) > 2 and cells[1].strip() == "tiny"}
+    assert rows["sasrec"][-2] == "-" and float(rows["ctsm"][-2].split()[0]) > 0  # sale AUC
+    assert 0 < float(rows["popularity"][-2]) < 1  # popularity's p(sale): its items' sale rate
     assert quality_report.main(args) == 0  # both cells are in the log: nothing trains again
     assert len((tmp_path / "quality_report_quick.jsonl").read_text().splitlines()) == 2
 
