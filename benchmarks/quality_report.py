@@ -106,7 +106,8 @@ def report(records: list[dict], datasets: dict, extra: list[str], seeds) -> str:
             fingerprint = model_search.config_fingerprint(cell_args(model, extra))
             rs = list(matching(records, data, fingerprint).values())
             if not rs:
-                lines.append(f"| {data} | {model} | 0 of {len(seeds)} | not measured |  |  |  |  |  |")
+                lines.append(f"| {data} | {model} | 0 of {len(seeds)} | not measured"
+                             + " |" * 6)
                 continue
             popularity = rs[0]["test"]
             cells = [_cell(rs, k) for k in ("ndcg@10", "hr@10", "sampled_ndcg@10",
