@@ -48,9 +48,10 @@ def events_with_causes(params: synthetic.SyntheticParams) -> pd.DataFrame:
 
 
 def sale_probability(in_taste: np.ndarray, continues: np.ndarray) -> np.ndarray:
-    """P(purchase) + P(rating) * P(rounded N(3 + in_taste, 1) >= 4), as the generator draws."""
+    """P(purchase) + P(rating) * P(a rounded rating >= 4), as the generator draws them."""
     def rated_high(taste):
-        return 0.5 * (1 + erf((3 + taste - (LABEL_MIN_RATING - 0.5)) / sqrt(2)))
+        mean = synthetic.RATING_MEAN + synthetic.RATING_IN_TASTE * taste
+        return 0.5 * (1 + erf((mean - (LABEL_MIN_RATING - 0.5)) / sqrt(2)))
     high = np.where(in_taste, rated_high(1), rated_high(0))
     purchase = (synthetic.P_PURCHASE_BASE + synthetic.P_PURCHASE_IN_TASTE * in_taste
                 + synthetic.P_PURCHASE_CONTINUES * continues)

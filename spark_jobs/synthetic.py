@@ -32,6 +32,7 @@ P_RATING = 0.2  # share of rating events; purchases depend on taste and series (
 # above popularity. Its best possible AUC on the demo's set is 0.82 (benchmarks/sale_ceiling.py);
 # with the earlier 0.08 / 0.32 / 0.25 it was 0.72, just 0.06 above popularity's.
 P_PURCHASE_BASE, P_PURCHASE_IN_TASTE, P_PURCHASE_CONTINUES = 0.03, 0.42, 0.35
+RATING_MEAN, RATING_IN_TASTE = 3.0, 1.0  # a rating is rounded N(MEAN + IN_TASTE * in_taste, 1)
 
 EVENTS_SCHEMA = "client_id long, item_id long, timestamp long, event_type string, value double"
 ATTRS_SCHEMA = "client_id string, timestamp long, name string, value string"
@@ -199,7 +200,8 @@ def generate_events_part(params: SyntheticParams, part: int, catalog=None) -> pd
     cum = np.cumsum(gap)
     timestamp = starts[ev_client] + cum - cum[np.flatnonzero(is_first)][ev_client]
     etype = _event_types(rng, in_taste[ev_run], ev_in_run > 0)
-    rating = np.clip(np.rint(rng.normal(3.0 + 1.0 * in_taste[ev_run], 1.0)), 1, 5)
+    mean = RATING_MEAN + RATING_IN_TASTE * in_taste[ev_run]
+    rating = np.clip(np.rint(rng.normal(mean, 1.0)), 1, 5)
     value = np.select([etype == 1, etype == 2], [1.0, rating], 0.0)
     return pd.DataFrame(
         {
