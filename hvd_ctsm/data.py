@@ -183,15 +183,23 @@ def _next_batch(rows: Iterator, batch_size: int, target_budget: int) -> list:
     return []  # ran out
 
 
+# Rows sorted by history length at a time, in batches: enough for batches of alike lengths, few
+# enough that a large split is never held in memory whole.
+LENGTH_POOL_BATCHES = 32
+
+
 def collate(rows: list, max_len: int) -> dict[str, torch.Tensor]:
-    """Right-pad histories to max_len; flatten targets with the row they belong to."""
+    """Right-pad histories to the batch's longest (at most max_len); flatten targets with the
+    row they belong to. Padding sits after every real event and the encoder is causal, so the
+    width changes no state, only how much padding a step computes over."""
     n = len(rows)
-    batch = {"item": np.zeros((n, max_len), np.int64),
-             "event_type": np.zeros((n, max_len), np.int64),
-             "value": np.zeros((n, max_len), np.float32),
-             "log_gap": np.zeros((n, max_len), np.float32)}
+    width = max(1, min(max_len, max(int(row.history_len) for row in rows)))
+    batch = {"item": np.zeros((n, width), np.int64),
+             "event_type": np.zeros((n, width), np.int64),
+             "value": np.zeros((n, width), np.float32),
+             "log_gap": np.zeros((n, width), np.float32)}
     n_attrs = rows[0].client_attrs.shape[1] if rows[0].client_attrs.ndim == 2 else 0
-    batch["client_attrs"] = np.zeros((n, max_len, n_attrs), np.int64)
+    batch["client_attrs"] = np.zeros((n, width, n_attrs), np.int64)
     for i, row in enumerate(rows):
         length = int(row.history_len)
         for name in HISTORY_FIELDS:
@@ -300,16 +308,16 @@ def _consume(box: queue.Queue, done: object) -> Iterator:
 
 
 def eval_batches(url: str, rank: int, size: int, batch_size: int, max_len: int):
-    """Every row of this rank's shard once, in file order, with the ranking extras."""
+    """Every row of this rank's shard once, with the ranking extras: the rows of every
+    LENGTH_POOL_BATCHES batches (in file order) sorted by history length, so that a batch pads
+    to little more than its rows' own lengths. Metrics do not depend on the order (a client's
+    sampled negatives are seeded by its id)."""
     with open_reader(url, rank, size, seed=None, shuffle=False) as reader:
-        chunk = []
-        for row in reader:
-            chunk.append(row)
-            if len(chunk) == batch_size:
-                yield _eval_collate(chunk, max_len)
-                chunk = []
-        if chunk:
-            yield _eval_collate(chunk, max_len)
+        rows = iter(reader)
+        while pool := list(itertools.islice(rows, LENGTH_POOL_BATCHES * batch_size)):
+            pool.sort(key=lambda row: int(row.history_len))
+            for start in range(0, len(pool), batch_size):
+                yield _eval_collate(pool[start:start + batch_size], max_len)
 
 
 def _eval_collate(rows: list, max_len: int) -> dict:

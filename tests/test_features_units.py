@@ -148,7 +148,7 @@ def test_collate_takes_targets_only_from_rows_that_have_them():
     batch = collate(rows, 8)
     assert batch["target_row"].tolist() == [1] and batch["target_item"].tolist() == [4]
     assert batch["item"][0, :4].tolist() == [1, 2, 3, 4]  # the serving row: every event
-    assert batch["item"][1].tolist() == [1, 2, 3, 0, 0, 0, 0, 0]  # the test row: before 4
+    assert batch["item"][1].tolist() == [1, 2, 3, 0]  # the test row: before 4, padded to 4
     assert batch["target_pos"].dtype == batch["target_item"].dtype == torch.int64
     serving_only = collate(rows[:1], 8)
     assert serving_only["target_row"].numel() == serving_only["target_item"].numel() == 0
