@@ -48,15 +48,18 @@ class DataConfig:
     balance: str = "rows"
     """How a rank fills a batch: 'rows' (batch_size rows) or 'targets' (rows until a target
     budget is reached, the same on every rank, so that ranks do about the same work per step
-    and wait less for each other at the allreduce; about batch_size rows on average). The plain
-    route only: elastic runs batch by rows."""
+    and wait less for each other at the allreduce; about batch_size rows on average), or
+    'length' (rows of similar history length, as many as hold about batch_size rows' worth
+    of targets: a batch is padded only to its longest history, so a step computes over less
+    padding; every rank takes its batches in the same order of length). The plain route
+    only: elastic runs batch by rows."""
 
     def __post_init__(self):
         _check(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
         _check(self.prefetch_batches >= 0, "data.prefetch_batches must be >= 0")
         _check(self.read_ahead_steps >= 0, "data.read_ahead_steps must be >= 0")
         _check(self.shuffle_buffer >= 0, "data.shuffle_buffer must be >= 0")
-        _one_of("data.balance", self.balance, {"rows", "targets"})
+        _one_of("data.balance", self.balance, {"rows", "targets", "length"})
 
 
 @dataclass

@@ -4,7 +4,9 @@ Petastorm shards by row group (row group i goes to rank i % size). Ranks must ru
 of steps or the allreduce hangs, so the plan is made from the Parquet footers before training:
 every rank takes min(rows in any shard) // batch_size batches per epoch. With balance='targets'
 a batch is the next rows up to a target budget instead of batch_size rows: the work of a step
-(the heads score every target) is then about the same on every rank. Row groups and rows are
+(the heads score every target) is then about the same on every rank. With balance='length'
+batches hold rows of similar history length (see length_grouped), and since a batch is padded
+only to its longest history, a step computes over less padding. Row groups and rows are
 shuffled with seeds derived from (seed, epoch), so the order is reproducible and a resumed run
 skips exactly the batches it already trained on.
 """
@@ -146,6 +148,7 @@ class EpochPlan:
     rows_per_shard: list[int]
     target_budget: int = 0  # balance='targets': a batch's rows hold at least this many targets
     targets_per_shard: list[int] | None = None
+    by_length: bool = False  # balance='length': batches of similar history length
 
 
 def plan_epoch(url: str, size: int, batch_size: int, balance: str = "rows") -> EpochPlan:
@@ -154,8 +157,8 @@ def plan_epoch(url: str, size: int, batch_size: int, balance: str = "rows") -> E
     if steps == 0:
         raise DatasetError(f"the smallest shard of {url} has {min(rows)} rows, less than one "
                            f"batch of {batch_size}: lower data.batch_size or use fewer ranks")
-    if balance == "rows":
-        return EpochPlan(steps=steps, rows_per_shard=rows)
+    if balance in ("rows", "length"):
+        return EpochPlan(steps=steps, rows_per_shard=rows, by_length=balance == "length")
     counts = shard_target_counts(url, size)
     totals = [int(c.sum()) for c in counts]
     largest_row = max(int(c.max()) for c in counts)
@@ -183,9 +186,43 @@ def _next_batch(rows: Iterator, batch_size: int, target_budget: int) -> list:
     return []  # ran out
 
 
-# Rows sorted by history length at a time, in batches: enough for batches of alike lengths, few
-# enough that a large split is never held in memory whole.
+# balance='length' sorts this many batches' rows at a time: enough for batches of alike lengths,
+# few enough that a large shard is never held in memory whole.
 LENGTH_POOL_BATCHES = 32
+
+
+def length_grouped(rows: Iterator, steps: int, batch_size: int,
+                   order_rng: np.random.Generator) -> Iterator[list]:
+    """`steps` batches, LENGTH_POOL_BATCHES x batch_size rows (in their shuffled order) at a
+    time: a pool's rows sorted by history length and cut into as many batches as it holds
+    batch_size rows, each with about the same number of targets (many short histories or a
+    few long ones), taken in an order drawn from `order_rng`.
+
+    Equal targets keep every target's weight in the loss (a batch's mean) what it is in
+    random batches, and a step's cost (about the tokens it holds) the same. Every rank draws
+    the same order, so at each step the ranks' batches are alike and neither waits long for
+    the other at the allreduce. A pool uses exactly the rows that row batches would."""
+    for start in range(0, steps, LENGTH_POOL_BATCHES):
+        count = min(LENGTH_POOL_BATCHES, steps - start)
+        pool = list(itertools.islice(rows, count * batch_size))
+        if len(pool) < count * batch_size:
+            return  # ran out: the caller reports it
+        pool.sort(key=lambda row: int(row.history_len))  # stable: ties keep the shuffled order
+        cuts = equal_target_cuts([len(row.target_pos) for row in pool], count)
+        for b in order_rng.permutation(count):
+            yield pool[cuts[b]:cuts[b + 1]]
+
+
+def equal_target_cuts(targets: list[int], parts: int) -> list[int]:
+    """Boundaries 0 = c0 < c1 < ... < c_parts = len(targets) splitting `targets` (counts per
+    row, in order) into `parts` runs of consecutive rows with about equal sums, every run at
+    least one row."""
+    cumulative = np.cumsum(targets)
+    ideal = cumulative[-1] * np.arange(1, parts) / parts
+    cuts = [0]
+    for k, at in enumerate(np.searchsorted(cumulative, ideal, side="left") + 1, start=1):
+        cuts.append(int(min(max(at, cuts[-1] + 1), len(targets) - (parts - k))))
+    return cuts + [len(targets)]
 
 
 def collate(rows: list, max_len: int) -> dict[str, torch.Tensor]:
@@ -266,9 +303,16 @@ def train_batches(url: str, rank: int, size: int, epoch: int, plan: EpochPlan, b
     rng = np.random.default_rng([seed, epoch, rank])
     with open_reader(url, rank, size, epoch_seed, shuffle=True) as reader:
         rows = _shuffled(iter(reader), shuffle_buffer, rng)
+        if plan.by_length:  # the same order on every rank: not seeded by rank
+            grouped = length_grouped(rows, plan.steps, batch_size,
+                                     np.random.default_rng([seed, epoch]))
         for step in range(plan.steps):
-            chunk = _next_batch(rows, batch_size, plan.target_budget)
-            if not chunk or (len(chunk) < batch_size and not plan.target_budget):
+            if plan.by_length:
+                chunk = next(grouped, [])
+            else:
+                chunk = _next_batch(rows, batch_size, plan.target_budget)
+            if not chunk or (len(chunk) < batch_size and not (plan.target_budget or
+                                                              plan.by_length)):
                 raise DatasetError(f"rank {rank}: shard of {url} ran out after {step} batches, "
                                    f"{plan.steps} were planned: the dataset changed under the run?")
             if step >= skip:

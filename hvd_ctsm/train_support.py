@@ -169,10 +169,9 @@ def split_batch(batch: dict, parts: int) -> list[dict]:
     if parts == 1:
         return [batch]
     rows = batch["item"].shape[0]
-    size = rows // parts
     out = []
-    for i in range(parts):
-        lo, hi = i * size, (i + 1) * size
+    for i in range(parts):  # every row: batches by targets or length vary in rows
+        lo, hi = i * rows // parts, (i + 1) * rows // parts
         keep = (batch["target_row"] >= lo) & (batch["target_row"] < hi)
         part = {k: v[lo:hi] for k, v in batch.items() if not k.startswith("target_")}
         part |= {k: v[keep] for k, v in batch.items() if k.startswith("target_")}
@@ -198,5 +197,5 @@ def check_launch(cfg: TrainConfig, args) -> None:
                                 "--max-restarts N: restarted workers resume from the latest "
                                 "checkpoint")
     if args.elastic and cfg.data.balance != "rows":
-        raise ConfigError("data.balance=targets is for the plain route; --elastic batches "
-                                "by rows: drop the setting or --elastic")
+        raise ConfigError(f"data.balance={cfg.data.balance} is for the plain route; --elastic "
+                          "batches by rows: drop the setting or --elastic")

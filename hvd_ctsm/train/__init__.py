@@ -105,6 +105,8 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         if plan.target_budget:
             log.info("batches balanced by targets: >= %d per batch (shard targets %s)",
                      plan.target_budget, plan.targets_per_shard)
+        if plan.by_length:
+            log.info("batches grouped by history length, each padded to its longest")
     return Trainer(cfg, meta, model, device, optimizer, scheduler, net=net,
                    effective_batch=effective_batch, total_steps=total_steps, plan=plan)
 
