@@ -186,8 +186,9 @@ def _next_batch(rows: Iterator, batch_size: int, target_budget: int) -> list:
     return []  # ran out
 
 
-# balance='length' sorts this many batches' rows at a time: enough for batches of alike lengths,
-# few enough that a large shard is never held in memory whole.
+# Evaluation, and training with balance='length', sort this many batches' rows by history length
+# at a time: enough for batches of alike lengths, few enough that a large shard is never held in
+# memory whole.
 LENGTH_POOL_BATCHES = 32
 
 
@@ -304,15 +305,14 @@ def train_batches(url: str, rank: int, size: int, epoch: int, plan: EpochPlan, b
     with open_reader(url, rank, size, epoch_seed, shuffle=True) as reader:
         rows = _shuffled(iter(reader), shuffle_buffer, rng)
         if plan.by_length:  # the same order on every rank: not seeded by rank
-            grouped = length_grouped(rows, plan.steps, batch_size,
+            batches = length_grouped(rows, plan.steps, batch_size,
                                      np.random.default_rng([seed, epoch]))
+        else:
+            batches = iter(lambda: _next_batch(rows, batch_size, plan.target_budget), None)
+        rows_vary = plan.by_length or plan.target_budget > 0
         for step in range(plan.steps):
-            if plan.by_length:
-                chunk = next(grouped, [])
-            else:
-                chunk = _next_batch(rows, batch_size, plan.target_budget)
-            if not chunk or (len(chunk) < batch_size and not (plan.target_budget or
-                                                              plan.by_length)):
+            chunk = next(batches, [])
+            if not chunk or (len(chunk) < batch_size and not rows_vary):
                 raise DatasetError(f"rank {rank}: shard of {url} ran out after {step} batches, "
                                    f"{plan.steps} were planned: the dataset changed under the run?")
             if step >= skip:
