@@ -17,9 +17,14 @@ from hvd_ctsm.checkpoint import load_state
 
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
 # Small and quick; validate every epoch and never stop early (tests count validations).
+# No MLflow run: importing MLflow and opening a fresh store took about 5 s of each of these
+# 10-15 s runs. Tracking is tested where it is the subject (test_tracking, the demo, the
+# pipelines, the cluster, the notebook) and in the runs that pass TRACKED: the two-rank runs
+# under each launcher, which check that rank 0 alone logs one run, and the elastic run.
 SMALL = ["data.batch_size=16", "model.dim=32", "model.layers=1", "model.dropout=0.1",
          "optim.lr=0.005", "optim.warmup_steps=5", "log_every_steps=2", "progress=false",
-         "eval_every_epochs=1", "early_stop_evals=0"]
+         "eval_every_epochs=1", "early_stop_evals=0", "tracking.enabled=false"]
+TRACKED = "tracking.enabled=true"
 
 
 def trainer_cmd(data, out, *extra, np_: int = 1, launcher: list[str] | None = None) -> list[str]:
@@ -28,6 +33,14 @@ def trainer_cmd(data, out, *extra, np_: int = 1, launcher: list[str] | None = No
     if np_ > 1 or launcher:
         cmd = (launcher or [HOROVODRUN, "-np", str(np_), "--gloo"]) + cmd
     return cmd
+
+
+def mlflow_runs(out: Path) -> list:
+    """The MLflow runs of every experiment in the default store beside the run folder `out`."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{Path(out).parent / 'mlflow' / 'mlflow.db'}")
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
 
 
 def env_with(**extra) -> dict:

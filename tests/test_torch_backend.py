@@ -78,7 +78,8 @@ def test_torchrun_selftest_gives_the_exact_sum_on_both_ranks():
 @pytest.mark.slow
 def test_torchrun_two_ranks_learn_stay_in_sync_and_only_rank0_writes(tiny_features, tmp_path):
     out = tmp_path / "run"
-    proc = fl.run(fl.trainer_cmd(tiny_features, out, "--epochs", "6", launcher=trainer_torchrun()))
+    proc = fl.run(fl.trainer_cmd(tiny_features, out, "--epochs", "6", fl.TRACKED,
+                                 launcher=trainer_torchrun()))
     assert "backend=torch ranks=2" in proc.stderr
     summary = fl.summary(out)
     checksums = summary["parameter_checksums"]
@@ -90,6 +91,7 @@ def test_torchrun_two_ranks_learn_stay_in_sync_and_only_rank0_writes(tiny_featur
     assert 1 <= len(list((out / "checkpoints").glob("step-*.pt"))) <= 3
     assert len(fl.read_jsonl(out / "metrics.jsonl")) == 6
     assert (out / "model.pt").exists() and (out / "config.yaml").exists()
+    assert [r.info.status for r in fl.mlflow_runs(out)] == ["FINISHED"]  # rank 0's, alone
 
 
 @pytest.mark.spark

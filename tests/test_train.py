@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import faultlib as fl
 import pytest
 import torch
 
@@ -16,10 +17,7 @@ from hvd_ctsm.checkpoint import load_state
 
 pytestmark = [pytest.mark.horovod, pytest.mark.spark, pytest.mark.slow]
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
-# Small and quick; validate every epoch and never stop early (tests count validations).
-SMALL = ["data.batch_size=16", "model.dim=32", "model.layers=1", "model.dropout=0.1",
-         "optim.lr=0.005", "optim.warmup_steps=5", "log_every_steps=2", "progress=false",
-         "eval_every_epochs=1", "early_stop_evals=0"]
+SMALL = fl.SMALL  # small and quick, no MLflow run unless a test passes fl.TRACKED
 
 
 def run_trainer(data, out, *extra, np_=1, check=True, transport="gloo"):
@@ -40,7 +38,7 @@ def read_jsonl(path):
 
 def test_two_ranks_learn_stay_in_sync_and_only_rank0_writes(tiny_features, tmp_path):
     out = tmp_path / "run"
-    run_trainer(tiny_features, out, "--epochs", "6", np_=2)
+    run_trainer(tiny_features, out, "--epochs", "6", fl.TRACKED, np_=2)
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["ranks"] == 2
     checksums = summary["parameter_checksums"]
@@ -55,6 +53,7 @@ def test_two_ranks_learn_stay_in_sync_and_only_rank0_writes(tiny_features, tmp_p
     validation = read_jsonl(out / "metrics.jsonl")
     assert len(validation) == 6 and validation[-1]["full"]["targets"] > 0
     assert (out / "model.pt").exists() and (out / "config.yaml").exists()
+    assert [r.info.status for r in fl.mlflow_runs(out)] == ["FINISHED"]  # rank 0's, alone
 
 
 def test_resume_continues_exactly_where_it_stopped(tiny_features, tmp_path):
