@@ -185,22 +185,26 @@ def check_torch_allreduce() -> Check:
 
 
 def check_horovod_build() -> Check:
-    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
+    """Horovod's extension for PyTorch loads and has MPI and Gloo. In a child process, so that
+    an extension that crashes on import fails this check, not the doctor."""
     try:
-        out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True,
-                             timeout=120).stdout
+        proc = subprocess.run([sys.executable, "-m", "hvd_ctsm.distributed", "build"],
+                              capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return Check("horovod build", False, "horovodrun did not run", cause=str(exc),
+        return Check("horovod build", False, "the build check did not run", cause=str(exc),
                      fix="./run.sh setup (builds Horovod 0.28.1 with the C++17 fix)")
-    wanted = ["PyTorch", "MPI", "Gloo"]
-    missing = [w for w in wanted if not re.search(rf"\[X\] {w}\b", out)]
+    found = re.search(r"^BUILD (.*)$", proc.stdout, re.M)
+    built = json.loads(found.group(1)) if found else {}
+    missing = [name for key, name in (("pytorch", "PyTorch"), ("mpi", "MPI"), ("gloo", "Gloo"))
+               if not built.get(key)]
     if missing:
+        error = (proc.stderr.strip().splitlines() or [""])[-1] if not found else ""
         return Check("horovod build", False, f"missing: {', '.join(missing)}",
-                     cause="Horovod was built without them (or the PyTorch extension failed: "
-                     "'C++17 or later compatible compiler is required')",
+                     cause=error or "Horovod was built without them (or the PyTorch extension "
+                     "failed: 'C++17 or later compatible compiler is required')",
                      fix="./run.sh setup rebuilds it with HOROVOD_WITH_PYTORCH/GLOO/MPI=1, "
                      "CMAKE_CXX_STANDARD 17 and the system cmake 3.25 (cmake 4 rejects Gloo)")
-    return Check("horovod build", True, "PyTorch + MPI + Gloo (horovodrun --check-build)")
+    return Check("horovod build", True, f"Horovod {built['version']}: PyTorch + MPI + Gloo")
 
 
 def check_allreduce(transport: str = "gloo") -> Check:

@@ -1,6 +1,7 @@
 """The doctor: every check passes on this machine; a broken pin fails with its fix."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -31,7 +32,7 @@ def test_a_torch_only_setup_skips_the_horovod_checks_and_lists_the_backends(monk
     assert "horovod build" not in out
 
 
-@pytest.mark.slow  # doctor's fast checks still start pip check and horovodrun --check-build
+@pytest.mark.slow  # doctor's fast checks still start pip check and the Horovod build check
 def test_a_bad_pin_fails_with_the_fix(tmp_path, monkeypatch, capsys):
     bad = tmp_path / "constraints.txt"
     bad.write_text("pyarrow==15.0.0\nnumpy==1.26.4\n")
@@ -49,3 +50,17 @@ def test_pins_are_read_from_the_constraints_file(tmp_path):
     path = tmp_path / "c.txt"
     path.write_text("# comment\ntorch==2.13.0  # why\nPyYAML==6.0.3\n\nnot-a-pin>=1\n")
     assert doctor.read_pins(path) == {"torch": "2.13.0", "pyyaml": "6.0.3"}
+
+
+@pytest.mark.horovod
+def test_a_horovod_that_fails_to_load_fails_the_build_check_with_its_error(tmp_path, monkeypatch):
+    """The check loads Horovod in a child process: a broken extension is reported, not fatal."""
+    broken = tmp_path / "horovod"
+    broken.mkdir()
+    (broken / "__init__.py").write_text(
+        "raise ImportError('C++17 or later compatible compiler is required')\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    check = doctor.check_horovod_build()
+    assert not check.ok and check.detail == "missing: PyTorch, MPI, Gloo"
+    assert "C++17 or later compatible compiler is required" in check.cause
+    assert "./run.sh setup" in check.fix

@@ -3,6 +3,11 @@
     horovodrun -np 2 --gloo python -m hvd_ctsm.distributed selftest
     torchrun --standalone --nproc-per-node 2 -m hvd_ctsm.distributed selftest
 
+And what this Horovod was built with, in one process (`horovodrun --check-build` starts one
+Python per fact it prints, 15 s on 2 cores):
+
+    python -m hvd_ctsm.distributed build
+
 The backend is dist.backend=auto's choice for the launch (torch under torchrun).
 """
 
@@ -33,7 +38,13 @@ def selftest() -> int:
     return 0 if ok else 1
 
 
+def build() -> int:
+    print("BUILD " + json.dumps(dist.build_info()), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["selftest"]:
-        sys.exit(selftest())
-    sys.exit("usage: python -m hvd_ctsm.distributed selftest")
+    commands = {"selftest": selftest, "build": build}
+    if len(sys.argv) == 2 and sys.argv[1] in commands:
+        sys.exit(commands[sys.argv[1]]())
+    sys.exit("usage: python -m hvd_ctsm.distributed selftest|build")
