@@ -14,9 +14,9 @@ from hvd_ctsm.backtest import run_backtest
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 # Small and quick (about a minute a run on an idle core): 8 validations (the best-model test
-# needs several), no early stop.
+# needs several), no early stop, no MLflow run (tracking is tested in test_tracking).
 FAST = ["progress=false", "eval_every_epochs=2", "early_stop_evals=0", "data.batch_size=32",
-        "optim.base_batch_size=32", "dist.threads_per_rank=1"]
+        "optim.base_batch_size=32", "dist.threads_per_rank=1", "tracking.enabled=false"]
 
 
 def train(data, out, *overrides):
