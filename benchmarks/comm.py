@@ -100,8 +100,10 @@ def launch(backend: str, data: Path, work: Path, steps: int, rep: int) -> dict:
         cmd = horovodrun(2, [WORKER, *worker_cmd(
             backend, data, out, "default", steps, ["--knobs", json.dumps(cpu_defaults())])])
     else:
-        cmd = [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2",
-               WORKER, *worker_cmd(backend, data, out, "default", steps)]
+        # --standalone: a free port; without it torchrun takes the fixed 29500, which anything
+        # else on the machine may hold.
+        cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone",
+               "--nproc-per-node", "2", WORKER, *worker_cmd(backend, data, out, "default", steps)]
     run(cmd, out.with_suffix(".log"))
     return json.loads(out.read_text())
 
