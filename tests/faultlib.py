@@ -36,10 +36,12 @@ def trainer_cmd(data, out, *extra, np_: int = 1, launcher: list[str] | None = No
 
 
 def mlflow_runs(out: Path) -> list:
-    """The MLflow runs of every experiment in the default store beside the run folder `out`."""
+    """The MLflow runs of every experiment in the store the trainer of run folder `out` used."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{Path(out).parent / 'mlflow' / 'mlflow.db'}")
+    from hvd_ctsm.tracking.link import tracking_uri
+
+    client = MlflowClient(tracking_uri("", out)[0])
     return client.search_runs([e.experiment_id for e in client.search_experiments()])
 
 

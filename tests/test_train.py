@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import faultlib as fl
 import pytest
@@ -16,24 +15,18 @@ import torch
 from hvd_ctsm.checkpoint import load_state
 
 pytestmark = [pytest.mark.horovod, pytest.mark.spark, pytest.mark.slow]
-HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
-SMALL = fl.SMALL  # small and quick, no MLflow run unless a test passes fl.TRACKED
 
 
 def run_trainer(data, out, *extra, np_=1, check=True, transport="gloo"):
     cmd = [sys.executable, "-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out),
-           *SMALL, *extra]
+           *fl.SMALL, *extra]
     if np_ > 1:
-        cmd = [HOROVODRUN, "-np", str(np_), f"--{transport}", *cmd]
+        cmd = [fl.HOROVODRUN, "-np", str(np_), f"--{transport}", *cmd]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 def test_two_ranks_learn_stay_in_sync_and_only_rank0_writes(tiny_features, tmp_path):
@@ -43,14 +36,14 @@ def test_two_ranks_learn_stay_in_sync_and_only_rank0_writes(tiny_features, tmp_p
     assert summary["ranks"] == 2
     checksums = summary["parameter_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1]  # identical parameters
-    losses = [r["loss/next_item"] for r in read_jsonl(out / "train_log.jsonl")]
+    losses = [r["loss/next_item"] for r in fl.read_jsonl(out / "train_log.jsonl")]
     assert len(losses) >= 4
     assert sum(losses[-2:]) / 2 < sum(losses[:2]) / 2 * 0.95  # the loss falls
     # Only rank 0 writes: one TensorBoard event file, one set of checkpoints.
     assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
     ckpts = sorted(p.name for p in (out / "checkpoints").glob("step-*.pt"))
     assert ckpts and len(ckpts) <= 3
-    validation = read_jsonl(out / "metrics.jsonl")
+    validation = fl.read_jsonl(out / "metrics.jsonl")
     assert len(validation) == 6 and validation[-1]["full"]["targets"] > 0
     assert (out / "model.pt").exists() and (out / "config.yaml").exists()
     assert [r.info.status for r in fl.mlflow_runs(out)] == ["FINISHED"]  # rank 0's, alone
