@@ -212,12 +212,15 @@ def test_demo_ends_with_a_tracked_run_and_a_champion(demo):
 @pytest.mark.spark
 @pytest.mark.horovod
 @pytest.mark.slow
-def test_champion_moves_only_after_a_passed_gate(demo, capsys):
+def test_champion_moves_only_after_a_passed_gate(demo, capsys, monkeypatch):
     """The gate reads the champion from the registry; a passing deploy moves the alias to the
-    new version, a refused one registers nothing and leaves it."""
+    new version, a refused one registers nothing and leaves it. Neither leaves the registry's
+    store in MLFLOW_TRACKING_URI, where every process started later would log."""
     from mlflow import MlflowClient
 
     from hvd_ctsm import deploy, gate
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
     model, report = demo / "model", demo / "model" / "backtest.json"
     champion = ["--champion", "models:/ctsm@champion", "--tolerance", "0"]
@@ -233,6 +236,7 @@ def test_champion_moves_only_after_a_passed_gate(demo, capsys):
                         "--registry", str(demo / "registry")]) == 1
     assert str(client.get_model_version_by_alias("ctsm", "champion").version) == "2"
     assert len(client.search_model_versions("name='ctsm'")) == 2
+    assert "MLFLOW_TRACKING_URI" not in os.environ
 
 
 def serving_histories(features: Path):
@@ -262,14 +266,14 @@ def serving_histories(features: Path):
 @pytest.mark.spark
 @pytest.mark.horovod
 @pytest.mark.slow
-def test_pyfunc_from_the_registry_scores_pandas_and_spark(demo, spark):
+def test_pyfunc_from_the_registry_scores_pandas_and_spark(demo, spark, monkeypatch):
     """models:/ctsm@champion gives the same top-10 as batch scoring (hvd_ctsm.score) for the
     same histories, with pandas and through spark_udf."""
     import mlflow
     import pandas as pd
     from pyspark.sql.functions import struct
 
-    mlflow.set_tracking_uri(store_uri(demo))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri(demo))  # this test's processes only
     histories = serving_histories(demo / "features")
     model = mlflow.pyfunc.load_model("models:/ctsm@champion")
     top = model.predict(histories, params={"k": 10})

@@ -3,6 +3,7 @@ alias, and the champion's backtest report for the gate's --champion comparison."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -34,13 +35,25 @@ def requirements() -> list[str]:
             f"numpy=={numpy.__version__}", f"pandas=={pandas.__version__}"]
 
 
+@contextlib.contextmanager
+def using_store(tracking_uri: str):
+    """mlflow's global tracking URI set to `tracking_uri` for this block only. set_tracking_uri
+    also exports MLFLOW_TRACKING_URI, so without the restore every training that a notebook or
+    a pipeline's driver starts after a deploy would log into the registry's store."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)
+
+
 def register_version(link: RunLink, version: Path, report: dict) -> tuple[str, str]:
     """Log the version folder as a pyfunc model in the run, register it under
     link.registered_model and, when its gate passed, move the `champion` alias to it.
     Returns (registered model name, version number)."""
     meta = json.loads((version / "metadata.json").read_text())
-    mlflow.set_tracking_uri(link.tracking_uri)
-    with mlflow.start_run(run_id=link.run_id):
+    with using_store(link.tracking_uri), mlflow.start_run(run_id=link.run_id):
         info = mlflow.pyfunc.log_model(
             name="model", python_model=str(MODEL_CODE), artifacts={VERSION_ARTIFACT: str(version)},
             signature=signature(list(meta.get("attrs", []))), pip_requirements=requirements(),
@@ -73,8 +86,7 @@ def champion_report(tracking_uri: str, ref: str) -> dict | None:
         if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             return None
         raise
-    mlflow.set_tracking_uri(tracking_uri)
-    with tempfile.TemporaryDirectory() as folder:
+    with using_store(tracking_uri), tempfile.TemporaryDirectory() as folder:
         local = mlflow.artifacts.download_artifacts(
             artifact_uri=f"models:/{name}/{found.version}", dst_path=folder)
         reports = sorted(Path(local).rglob("backtest.json"))
