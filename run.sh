@@ -75,8 +75,10 @@ hvdrun() {
 # MAX_RESTARTS times from the latest checkpoint when one fails. On several hosts, TORCHRUN_ARGS
 # replaces --standalone (e.g. "--nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:29400").
 torchrun_launch() {
+    # OMP_NUM_THREADS=1 is torchrun's own default, set here so that it prints no banner about it;
+    # each rank then takes dist.threads_per_rank threads (cores / ranks unless set).
     # shellcheck disable=SC2086
-    "$VENV/bin/torchrun" ${TORCHRUN_ARGS:---standalone} --nproc-per-node "$NP" \
+    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "$VENV/bin/torchrun" ${TORCHRUN_ARGS:---standalone} --nproc-per-node "$NP" \
         --max-restarts "${MAX_RESTARTS:-0}" "$@"
 }
 

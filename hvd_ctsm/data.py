@@ -32,12 +32,8 @@ from hvd_ctsm.dataset_meta import DatasetError as DatasetError
 from hvd_ctsm.dataset_meta import DatasetMeta as DatasetMeta
 from hvd_ctsm.dataset_meta import check_same_vocabulary as check_same_vocabulary
 from hvd_ctsm.dataset_meta import read_metadata as read_metadata
-from hvd_ctsm.schema import EVENT_TYPES
+from hvd_ctsm.schema import EVENT_TYPES  # importing it also quiets Petastorm's warnings
 
-# Petastorm 0.13 calls pyarrow APIs deprecated since pyarrow 5: one warning per row group read, in
-# every reader thread. They say nothing about our data; keep the logs readable.
-warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
-warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"petastorm(\.|$)")
 
 HISTORY_FIELDS = ("item", "event_type", "value", "log_gap")
 TARGET_FIELDS = ("target_pos", "target_item", "target_label", "target_log_dt")

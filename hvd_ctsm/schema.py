@@ -24,9 +24,23 @@ A version-1 dataset without it predates it: scoring then falls back to the test 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 SCHEMA_VERSION = 1
+
+# Petastorm 0.13 calls pyarrow APIs deprecated since pyarrow 5: a FutureWarning each time it opens
+# a file system or reads or writes a dataset's metadata, in every reader thread and in every Spark
+# Python worker (270 lines of them in the demo's feature step). They say nothing about the data;
+# keep the logs readable. In this process (any that reads or writes a dataset imports this module):
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
+warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"petastorm(\.|$)")
+# In Spark's Python workers, through their PYTHONWARNINGS (hvd_ctsm.spark_session), which names
+# modules exactly: the ones that warn there.
+PETASTORM_WORKER_WARNINGS = ",".join(
+    f"ignore::FutureWarning:petastorm.{module}"
+    for module in ("fs_utils", "utils", "etl.dataset_metadata"))
 
 # Event types, fixed so a model trained on one dataset reads another. 0 is padding.
 EVENT_TYPES = ("purchase", "rating", "view", "profile")

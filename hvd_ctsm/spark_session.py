@@ -33,7 +33,8 @@ def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **
     """
     from pyspark.sql import SparkSession
 
-    settings = {**DEFAULT_CONF, **{_key(k): str(v) for k, v in conf.items()}}
+    settings = {**DEFAULT_CONF, "spark.executorEnv.PYTHONWARNINGS": _worker_warnings(),
+                **{_key(k): str(v) for k, v in conf.items()}}
     active = SparkSession.getActiveSession()
     if active is not None:
         for key, value in conf.items():
@@ -54,6 +55,15 @@ def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _worker_warnings() -> str:
+    """PYTHONWARNINGS for Spark's Python workers: this process's own, plus silence for Petastorm's
+    deprecation warnings (hvd_ctsm.schema)."""
+    from hvd_ctsm.schema import PETASTORM_WORKER_WARNINGS
+
+    own = os.environ.get("PYTHONWARNINGS", "")
+    return ",".join(filter(None, [PETASTORM_WORKER_WARNINGS, own]))
 
 
 def under_spark_submit() -> bool:

@@ -176,6 +176,10 @@ def demo(tmp_path_factory) -> Path:
     for warning in ("type hints to the `predict`", "serialized using CloudPickle",
                     "input example was not provided"):  # deploy removed their causes
         assert warning not in proc.stdout + proc.stderr, warning
+    # Petastorm's deprecation warnings (in the driver and every Spark Python worker) and
+    # torchrun's banner about OMP_NUM_THREADS are silenced: the demo's output is its steps.
+    for noise in ("FutureWarning", "Setting OMP_NUM_THREADS"):
+        assert noise not in proc.stdout + proc.stderr, noise
     return work
 
 
