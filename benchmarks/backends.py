@@ -21,14 +21,14 @@ import argparse
 import json
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, horovodrun, machine, run, save, spread  # noqa: E402
+from benchmarks.common import (RESULTS, horovodrun, machine, run, save, spread,  # noqa: E402
+                               work_folder)
 from benchmarks.scaling import read_train_log, run_np, run_pair, trainer_args  # noqa: E402
 
 BACKENDS = ("horovod", "torch")
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     t0, runs = time.perf_counter(), {kind: [] for kind in kinds}
     for rep in range(args.repeats):
         for kind in kinds:
-            with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:
+            with work_folder(prefix="bench-backends-") as tmp:
                 runs[kind].append(one_run(args, kind, Path(tmp)) if kind in BACKENDS
                                   else single_runs(args, kind, Path(tmp)))
             print(f"[backends] repeat {rep + 1}: {kind}: "

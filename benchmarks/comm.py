@@ -20,14 +20,13 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, env, horovodrun, run, save, spread  # noqa: E402
+from benchmarks.common import RESULTS, env, horovodrun, run, save, spread, work_folder  # noqa: E402
 from hvd_ctsm.config import DistConfig  # noqa: E402
 
 WORKER = str(Path(__file__).resolve().parent / "step_worker.py")
@@ -168,7 +167,7 @@ def main(argv=None) -> int:
     repeats, steps = (1, 6) if args.quick else (args.repeats, args.steps)
     knob_repeats = 1 if args.quick else args.knob_repeats
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-comm-") as tmp:
+    with work_folder(prefix="bench-comm-") as tmp:
         result = {"peer": peer(args.data, Path(tmp), repeats, steps),
                   "knobs": knobs(args.data, Path(tmp), knob_repeats, steps, args.quick)}
     save("comm", {"data": args.data.name, "repeats": repeats, "knob_repeats": knob_repeats,

@@ -6,13 +6,16 @@ Benchmarks measure; they never assert a speed. Each one runs its variants in tur
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,8 +42,21 @@ def run(cmd: list[str], log: Path, timeout: float = 900, **kwargs) -> float:
                               timeout=timeout, cwd=REPO, check=False, **kwargs)
     if proc.returncode != 0:
         tail = log.read_text()[-3000:]
-        raise RuntimeError(f"{' '.join(cmd[:6])}... exited {proc.returncode}:\n{tail}")
+        raise RuntimeError(f"{' '.join(cmd[:6])}... exited {proc.returncode} (log: {log}):\n{tail}")
     return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def work_folder(prefix: str):
+    """A temporary folder for a benchmark's runs: removed when the block succeeds, kept when it
+    fails (and named on stderr), so that the logs of the run that failed can be read."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    except BaseException:
+        print(f"[bench] failed: the runs' logs are kept in {path}", file=sys.stderr, flush=True)
+        raise
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def horovodrun(np: int, args: list[str]) -> list[str]:

@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, horovodrun, run, save, spread  # noqa: E402
+from benchmarks.common import RESULTS, horovodrun, run, save, spread, work_folder  # noqa: E402
 from benchmarks.scaling import trainer_args  # noqa: E402
 
 
@@ -94,7 +93,7 @@ def main(argv=None) -> int:
     reading = {name: spread(values) for name, values in rates.items()}
     by_epoch = []
     for _ in range(repeats):
-        with tempfile.TemporaryDirectory(prefix="bench-input-") as tmp:
+        with work_folder(prefix="bench-input-") as tmp:
             by_epoch.append(data_wait_by_epoch(args.data, Path(tmp), args.config,
                                                2 if args.quick else args.epochs))
     payload = {"data": args.data.name, "batch_size": args.batch_size, "repeats": repeats,

@@ -18,14 +18,13 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, horovodrun, run, save, spread  # noqa: E402
+from benchmarks.common import RESULTS, horovodrun, run, save, spread, work_folder  # noqa: E402
 
 RULES = {  # the trainer overrides of each learning-rate rule
     "linear": [],  # the presets' rule: linear scaling from the base batch, with warm-up
@@ -101,7 +100,7 @@ def main(argv=None) -> int:
         runs = [r for r in kept["runs"] if r["variant"] not in names]
         wanted = {r["variant"] for r in runs} | set(names)
         names = [n for n in VARIANTS if n in wanted]
-    with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
+    with work_folder(prefix="bench-quality-") as tmp:
         for seed in range(seeds):
             for name in names:
                 if any(r["variant"] == name and r["seed"] == seed for r in runs):

@@ -23,14 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import model_search  # noqa: E402
-from benchmarks.common import ML100K, RESULTS, SYNTHETIC, machine, run, spread  # noqa: E402
+from benchmarks.common import (ML100K, RESULTS, SYNTHETIC, machine, run, spread,  # noqa: E402
+                               work_folder)
 
 DATASETS = {  # name: (source with {ml100k}, feature job options)
     "ml-input-order": ("movielens:{ml100k}", ["--ties", "input-order"]),
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     # Every trial goes to the model search's log: its trials count here when their configs match.
     log = args.out / "quality_report_quick.jsonl" if args.quick else model_search.LOG
     if args.run or args.quick:
-        with tempfile.TemporaryDirectory(prefix="bench-quality-") as tmp:
+        with work_folder(prefix="bench-quality-") as tmp:
             work = Path(tmp) if args.quick else args.work
             run_missing(datasets, extra, seeds, work, args.ml100k, log)
     text = report(read_log(log), datasets, extra, seeds)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +23,8 @@ if __package__ in (None, ""):
 
 from benchmarks import (comm, input_pipeline, quality, quality_report, report,  # noqa: E402
                         scaling, spark_features, trainer_ab)
-from benchmarks.common import ML100K, REPO, RESULTS, SYNTHETIC, build_features  # noqa: E402
+from benchmarks.common import (ML100K, REPO, RESULTS, SYNTHETIC, build_features,  # noqa: E402
+                               work_folder)
 
 SYNTHETIC_QUICK = "synthetic:clients=200,items=60,events=8000,seed=7"
 ALL = ("scaling", "input", "comm", "quality", "spark", "ab")
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     quick = ["--quick"] if args.quick else []
     out = ["--out", str(args.out)]
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
+    with work_folder(prefix="bench-data-") as tmp:
         real, syn, preset = datasets(Path(tmp), args.ml100k, args.quick)
         config = ["--config", preset] if preset else []
         steps = [("scaling", lambda: scaling.main(["--data", str(real), *config, *quick, *out])),

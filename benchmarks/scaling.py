@@ -18,14 +18,14 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, env, horovodrun, pyplot, run, save, spread  # noqa: E402
+from benchmarks.common import (RESULTS, env, horovodrun, pyplot, run, save, spread,  # noqa: E402
+                               work_folder)
 
 TRAIN = ["-m", "hvd_ctsm.train"]
 
@@ -98,7 +98,7 @@ def run_pair(data: Path, work: Path, config: str | None, extra: list[str]) -> di
 def measure(data: Path, sizes: list[int], repeats: int, config: str | None,
             extra: list[str], pair: bool) -> dict:
     runs = {f"np{n}": [] for n in sizes} | ({"pair": []} if pair else {})
-    with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
+    with work_folder(prefix="bench-scaling-") as tmp:
         for rep in range(repeats):
             for n in sizes:
                 runs[f"np{n}"].append(run_np(n, data, Path(tmp), config, extra))

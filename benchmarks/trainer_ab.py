@@ -16,7 +16,6 @@ import argparse
 import json
 import resource
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.backends import torchrun  # noqa: E402
-from benchmarks.common import RESULTS, horovodrun, run, save, spread  # noqa: E402
+from benchmarks.common import RESULTS, horovodrun, run, save, spread, work_folder  # noqa: E402
 from benchmarks.scaling import read_train_log, trainer_args  # noqa: E402
 
 
@@ -71,7 +70,7 @@ def main(argv=None) -> int:
     t0, runs = time.perf_counter(), {v: [] for v in args.variant}
     for rep in range(args.repeats):
         for variant in args.variant:
-            with tempfile.TemporaryDirectory(prefix="bench-ab-") as tmp:
+            with work_folder(prefix="bench-ab-") as tmp:
                 runs[variant].append(one_run(args, variant, Path(tmp)))
             print(f"[ab] repeat {rep + 1}: {variant}: "
                   f"{runs[variant][-1]['epoch_seconds']:.1f} s", flush=True)

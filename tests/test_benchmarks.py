@@ -8,6 +8,7 @@ report renders every section.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -187,3 +188,17 @@ def test_a_logged_trial_older_than_a_model_setting_counts_as_what_it_trained():
         ["model.recency_bias=false"])
     assert model_search.record_fingerprint(record) != model_search.config_fingerprint(
         ["model.recency_bias=true"])
+
+
+def test_a_failed_benchmark_keeps_its_work_folder_for_the_logs(capsys):
+    from benchmarks.common import work_folder
+
+    with work_folder("bench-test-") as done:
+        (done / "run.log").write_text("fine")
+    assert not done.exists()
+    with pytest.raises(RuntimeError), work_folder("bench-test-") as failed:
+        (failed / "run.log").write_text("the error")
+        raise RuntimeError("a run exited 1")
+    assert (failed / "run.log").read_text() == "the error"
+    assert str(failed) in capsys.readouterr().err
+    shutil.rmtree(failed)
