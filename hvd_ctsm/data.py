@@ -34,7 +34,6 @@ from hvd_ctsm.dataset_meta import check_same_vocabulary as check_same_vocabulary
 from hvd_ctsm.dataset_meta import read_metadata as read_metadata
 from hvd_ctsm.schema import EVENT_TYPES  # importing it also quiets Petastorm's warnings
 
-
 HISTORY_FIELDS = ("item", "event_type", "value", "log_gap")
 TARGET_FIELDS = ("target_pos", "target_item", "target_label", "target_log_dt")
 
