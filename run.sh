@@ -78,8 +78,8 @@ torchrun_launch() {
     # OMP_NUM_THREADS=1 is torchrun's own default, set here so that it prints no banner about it;
     # each rank then takes dist.threads_per_rank threads (cores / ranks unless set).
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "$VENV/bin/torchrun" ${TORCHRUN_ARGS:---standalone} --nproc-per-node "$NP" \
-        --max-restarts "${MAX_RESTARTS:-0}" "$@"
+    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "$VENV/bin/torchrun" ${TORCHRUN_ARGS:---standalone} \
+        --nproc-per-node "$NP" --max-restarts "${MAX_RESTARTS:-0}" "$@"
 }
 
 # BACKEND picks the trainer's launcher. Without it: torch on a CPU-only host (DDP overlaps the
