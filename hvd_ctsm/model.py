@@ -78,7 +78,7 @@ class CausalBlock(nn.Module):
     ('residual' sum or 'gated' GRU-style gate)."""
 
     def __init__(self, dim: int, heads: int, dropout: float, block: str = "residual",
-                 ff_mult: int = 4):
+                 ff_mult: int = 4, attention_dropout: float | None = None):
         super().__init__()
         self.heads = heads
         self.norm_attn, self.norm_ff = nn.LayerNorm(dim), nn.LayerNorm(dim)
@@ -89,7 +89,7 @@ class CausalBlock(nn.Module):
         merge = MERGES[block]
         self.gate_attn, self.gate_ff = merge(dim), merge(dim)
         self.dropout = nn.Dropout(dropout)
-        self.attn_dropout = dropout
+        self.attn_dropout = dropout if attention_dropout is None else attention_dropout
 
     def forward(self, x: torch.Tensor, attn_bias: torch.Tensor | None = None) -> torch.Tensor:
         """attn_bias: None (plain causal attention) or a [heads, t, t] additive bias that is
@@ -125,7 +125,7 @@ class TemporalEncoder(nn.Module):
 
     def __init__(self, sizes: ModelSizes, dim: int, layers: int, heads: int, dropout: float,
                  block: str = "residual", ff_mult: int = 4, side_features: bool = True,
-                 recency_bias: bool = False):
+                 recency_bias: bool = False, attention_dropout: float | None = None):
         super().__init__()
         if dim % heads:
             raise ValueError(f"model dim {dim} is not divisible by heads {heads}")
@@ -141,7 +141,8 @@ class TemporalEncoder(nn.Module):
             # Continuous features: the event's value and the log time gap to the previous event.
             self.numeric = nn.Sequential(nn.Linear(2, dim), nn.GELU(), nn.Linear(dim, dim))
         self.blocks = nn.ModuleList(
-            CausalBlock(dim, heads, dropout, block, ff_mult) for _ in range(layers))
+            CausalBlock(dim, heads, dropout, block, ff_mult, attention_dropout)
+            for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.dropout = nn.Dropout(dropout)
         self.dim, self.heads, self.use_recency_bias = dim, heads, recency_bias
@@ -295,7 +296,7 @@ def tied_targets(target_row: torch.Tensor, target_pos: torch.Tensor, target_item
 # Architecture settings of models saved before they existed: such a model.pt is rebuilt as it was.
 LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias": True,
                "exclude_seen": False, "recency_bias": False, "uniform_bce_weight": 0.0,
-               "exclude_tied": False}
+               "exclude_tied": False, "attention_dropout": None}
 
 
 class CTSM(nn.Module):
@@ -304,11 +305,12 @@ class CTSM(nn.Module):
     def __init__(self, sizes: ModelSizes, dim=64, layers=2, heads=2, dropout=0.2,
                  loss="full", negatives=100, head_names=("next_item", "sale"),
                  block="residual", ff_mult=4, side_features=True, item_bias=True,
-                 exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0, exclude_tied=False):
+                 exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0, exclude_tied=False,
+                 attention_dropout=None):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
-                                       side_features, recency_bias)
+                                       side_features, recency_bias, attention_dropout)
         built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias,
                                                    exclude_seen, uniform_bce_weight, exclude_tied),
                  "sale": lambda: SaleHead(self.encoder, dim)}

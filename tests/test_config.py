@@ -22,6 +22,7 @@ def test_preset_and_overrides():
     ("data.batchsize=3", "unknown keys ['batchsize']"),
     ("epochs=0", "epochs must be >= 1"),
     ("model.uniform_bce_weight=-1", "model.uniform_bce_weight must be >= 0"),
+    ("model.attention_dropout=1", "model.attention_dropout must be in"),
 ])
 def test_bad_values_stop_with_a_clear_error(override, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):

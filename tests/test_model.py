@@ -95,6 +95,21 @@ def test_from_config_rebuilds_models_saved_before_the_architecture_settings():
     assert not any("gate" in name or "numeric" in name for name, _ in plain.named_parameters())
 
 
+def test_attention_dropout_defaults_to_the_dropout_and_can_be_set_apart():
+    cfg = {"dim": 16, "layers": 2, "heads": 2, "dropout": 0.3, "loss": "full", "negatives": 5,
+           "head_weights": {"next_item": 1.0}}
+    assert {b.attn_dropout for b in CTSM.from_config(SIZES, cfg).encoder.blocks} == {0.3}
+    apart = CTSM.from_config(SIZES, cfg | {"attention_dropout": 0.0})
+    assert {b.attn_dropout for b in apart.encoder.blocks} == {0.0}
+    # Only the attention weights lose their dropout: the block's outputs keep theirs.
+    assert all(b.dropout.p == 0.3 for b in apart.encoder.blocks)
+    batch, _ = make_batch()
+    apart.train()
+    torch.manual_seed(0)
+    first = apart.encoder(batch)
+    assert not torch.equal(first, apart.encoder(batch))
+
+
 @pytest.mark.parametrize("loss", ["full", "sampled", "bce"])
 def test_losses_are_finite_and_train(loss):
     torch.manual_seed(0)
