@@ -68,7 +68,11 @@ def cli() -> None:
     (`--debug` shows the traceback), as each step's own program does."""
     from hvd_ctsm.errors import run_cli
 
-    sys.exit(run_cli(main, "hvd-ctsm"))
+    code = run_cli(main, "hvd-ctsm")
+    dist = sys.modules.get("hvd_ctsm.distributed")  # imported by the steps that train only
+    if dist is not None:
+        dist.exit_process(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 def cli() -> None:
     from hvd_ctsm.errors import run_cli
 
-    sys.exit(run_cli(main, "hvd_ctsm.train"))
+    dist.exit_process(run_cli(main, "hvd_ctsm.train"))
 
 
 if __name__ == "__main__":

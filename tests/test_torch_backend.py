@@ -73,6 +73,24 @@ def test_torchrun_selftest_gives_the_exact_sum_on_both_ranks():
         assert r["sum"] == [10.0, 12.0, 14.0, 16.0]
 
 
+def test_torchrun_workers_exit_with_their_code_after_their_exit_handlers_skipping_teardown(
+        tmp_path):
+    """Gloo's threads outlive destroy_process_group (distributed.exit_process): a torchrun
+    worker must not reach the interpreter's teardown with them, but must run its exit handlers
+    (MLflow ends its runs there). Without torchrun nothing is skipped."""
+    worker = str(Path(__file__).with_name("exit_worker.py"))
+    launched = tmp_path / "torchrun"
+    launched.mkdir()
+    proc = fl.run(torchrun("--no-python", sys.executable, worker, str(launched), "0"),
+                  timeout=180)
+    assert sorted(p.name for p in launched.iterdir()) == ["atexit-0", "atexit-1"], proc.stderr
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    proc = fl.run([sys.executable, worker, str(alone), "4"], timeout=180, check=False)
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert sorted(p.name for p in alone.iterdir()) == ["atexit-0", "teardown-0"]
+
+
 @pytest.mark.horovod
 @pytest.mark.spark
 @pytest.mark.slow

@@ -18,8 +18,12 @@ under either launcher:
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import re
+import sys
+from typing import NoReturn
 
 import torch
 
@@ -33,7 +37,7 @@ from hvd_ctsm.distributed.horovod_backend import (build_info, distributed_optimi
 
 __all__ = ["BACKENDS", "Backend", "BackendError", "allgather_object", "allreduce_mean",
            "allreduce_sum", "broadcast_object", "broadcast_state", "build_info", "check_config",
-           "current", "distributed_optimizer", "elastic_run", "elastic_state",
+           "current", "distributed_optimizer", "elastic_run", "elastic_state", "exit_process",
            "horovod_importable", "init", "is_elastic_launch", "is_root", "launch_rank",
            "launched_by_horovod", "launched_by_torchrun", "local_rank", "parse_selftest", "rank",
            "resolve", "restarted_by_launcher", "shutdown", "size", "spark_run", "spark_store",
@@ -132,6 +136,26 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 def shutdown() -> None:
     if _active is not None:
         _active.shutdown()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a command's process with `code`; the trainer's program ends here on every rank.
+
+    Under the torch backend, Gloo's threads outlive destroy_process_group(): importing
+    torch._dynamo (torch.optim does) leaves ten references to the default group that nothing
+    in Python can drop, so the group is freed only while the interpreter tears itself down. A
+    C++ thread that needs the GIL then is stopped by the interpreter, and that can end the
+    process in std::terminate. In one full test run a rank that had trained, saved and left the
+    barrier aborted so ("terminate called without an active exception", SIGABRT), and
+    torchrun failed the whole job. Such a process runs its exit handlers (logging's flush, the
+    MLflow run's end), flushes its streams and leaves with os._exit, skipping that teardown.
+    """
+    if _active is not None and _active.threads_outlive_shutdown():
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def torch_spark_run(fn, args: tuple = (), num_proc: int = 2, local_mode: bool = False,

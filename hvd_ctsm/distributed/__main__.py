@@ -46,5 +46,5 @@ def build() -> int:
 if __name__ == "__main__":
     commands = {"selftest": selftest, "build": build}
     if len(sys.argv) == 2 and sys.argv[1] in commands:
-        sys.exit(commands[sys.argv[1]]())
+        dist.exit_process(commands[sys.argv[1]]())
     sys.exit("usage: python -m hvd_ctsm.distributed selftest|build")

@@ -83,6 +83,11 @@ class Backend:
     def shutdown(self) -> None:
         pass
 
+    def threads_outlive_shutdown(self) -> bool:
+        """True when shutdown() leaves native threads that only the interpreter's teardown
+        stops (hvd_ctsm.distributed.exit_process)."""
+        return False
+
 
 def create_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """Give a fresh optimizer its state by one step on zero gradients (Adam's step count starts

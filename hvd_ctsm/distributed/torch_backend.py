@@ -129,6 +129,9 @@ class TorchBackend(Backend):
             td.barrier()  # no rank tears down while its peer still talks to it
             td.destroy_process_group()
 
+    def threads_outlive_shutdown(self) -> bool:
+        return self.launched  # Gloo's (and NCCL's) threads: see distributed.exit_process
+
 
 def spark_run(fn, args: tuple = (), num_proc: int = 2, local_mode: bool = False,
               use_gpu: bool = False):
