@@ -24,7 +24,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, horovodrun, machine, run, spread  # noqa: E402
+from benchmarks.common import NO_TRACKING, RESULTS, horovodrun, machine, run, spread  # noqa: E402
 
 LOG = RESULTS / "model_search.jsonl"
 TABLE = RESULTS / "model_search.md"
@@ -93,7 +93,7 @@ def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: in
 
     out = work / f"{name}-s{seed}"
     args = ["-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out), "--overwrite",
-            "progress=false", "keep_checkpoints=1", f"seed={seed}", *overrides]
+            "progress=false", "keep_checkpoints=1", f"seed={seed}", NO_TRACKING, *overrides]
     seconds = run(horovodrun(ranks, args), work / f"{name}-s{seed}.log", timeout=7200)
     summary = json.loads((out / "train_summary.json").read_text())
     curve = validation_curve(out)

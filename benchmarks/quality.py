@@ -24,7 +24,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import RESULTS, horovodrun, run, save, spread, work_folder  # noqa: E402
+from benchmarks.common import (NO_TRACKING, RESULTS, horovodrun, run, save, spread,  # noqa: E402
+                               work_folder)
 
 RULES = {  # the trainer overrides of each learning-rate rule
     "linear": [],  # the presets' rule: linear scaling from the base batch, with warm-up
@@ -45,7 +46,7 @@ def train_and_backtest(data: Path, work: Path, name: str, seed: int, epochs: int
     out = work / f"{name}-s{seed}"
     overrides = [f"seed={seed}", f"epochs={epochs}", f"eval_every_epochs={epochs}",
                  f"dist.backward_passes_per_step={micro}", "progress=false",
-                 "dist.threads_per_rank=1", "keep_checkpoints=1", *RULES[rule]]
+                 "dist.threads_per_rank=1", "keep_checkpoints=1", NO_TRACKING, *RULES[rule]]
     args = ["-m", "hvd_ctsm.train", "--config", "default", "--data", str(data), "--out", str(out),
             "--overwrite", *overrides]
     seconds = run(horovodrun(ranks, args), work / f"{name}-s{seed}.log")

@@ -24,15 +24,16 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (RESULTS, env, horovodrun, pyplot, run, save, spread,  # noqa: E402
-                               work_folder)
+from benchmarks.common import (NO_TRACKING, RESULTS, env, horovodrun, pyplot, run,  # noqa: E402
+                               save, spread, work_folder)
 
 TRAIN = ["-m", "hvd_ctsm.train"]
 
 
 def trainer_args(data: Path, out: Path, config: str | None, extra: list[str]) -> list[str]:
     args = [*TRAIN, "--data", str(data), "--out", str(out), "--overwrite", "epochs=1",
-            "progress=false", "log_every_steps=5", "dist.threads_per_rank=1", "keep_checkpoints=1"]
+            "progress=false", "log_every_steps=5", "dist.threads_per_rank=1", "keep_checkpoints=1",
+            NO_TRACKING]
     return args + (["--config", config] if config else []) + extra
 
 
