@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -240,4 +239,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hvd_ctsm import distributed
+
+    code = main()
+    # Plain DDP's Gloo threads outlive its process group, as the torch backend's do.
+    distributed.exit_process(code, skip_teardown=parse_args(None).backend == "ddp" or None)

@@ -138,8 +138,10 @@ def shutdown() -> None:
         _active.shutdown()
 
 
-def exit_process(code: int) -> NoReturn:
+def exit_process(code: int, skip_teardown: bool | None = None) -> NoReturn:
     """End a command's process with `code`; the trainer's program ends here on every rank.
+    skip_teardown: None asks the backend started here; True for a process that ran its own
+    torch.distributed group (a benchmark's plain DDP).
 
     Under the torch backend, Gloo's threads outlive destroy_process_group(): importing
     torch._dynamo (torch.optim does) leaves ten references to the default group that nothing
@@ -150,7 +152,9 @@ def exit_process(code: int) -> NoReturn:
     torchrun failed the whole job. Such a process runs its exit handlers (logging's flush, the
     MLflow run's end), flushes its streams and leaves with os._exit, skipping that teardown.
     """
-    if _active is not None and _active.threads_outlive_shutdown():
+    if skip_teardown is None:
+        skip_teardown = _active is not None and _active.threads_outlive_shutdown()
+    if skip_teardown:
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
