@@ -145,12 +145,13 @@ def exit_process(code: int, skip_teardown: bool | None = None) -> NoReturn:
 
     Under the torch backend, Gloo's threads outlive destroy_process_group(): importing
     torch._dynamo (torch.optim does) leaves ten references to the default group that nothing
-    in Python can drop, so the group is freed only while the interpreter tears itself down. A
-    C++ thread that needs the GIL then is stopped by the interpreter, and that can end the
-    process in std::terminate. In one full test run a rank that had trained, saved and left the
-    barrier aborted so ("terminate called without an active exception", SIGABRT), and
-    torchrun failed the whole job. Such a process runs its exit handlers (logging's flush, the
-    MLflow run's end), flushes its streams and leaves with os._exit, skipping that teardown.
+    in Python can drop, so the group is freed only while the interpreter tears itself down.
+    In one full test run a rank that had trained, saved and left the barrier aborted there
+    ("terminate called without an active exception", SIGABRT), and torchrun failed the whole
+    job; likely a Gloo thread that needed the GIL after the interpreter had stopped handing it
+    out (PyTorch has reports of that abort from groups left to teardown). Such a process runs
+    its exit handlers (logging's flush, the MLflow run's end), flushes its streams and leaves
+    with os._exit, skipping that teardown.
     """
     if skip_teardown is None:
         skip_teardown = _active is not None and _active.threads_outlive_shutdown()

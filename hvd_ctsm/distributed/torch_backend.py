@@ -130,7 +130,7 @@ class TorchBackend(Backend):
             td.destroy_process_group()
 
     def threads_outlive_shutdown(self) -> bool:
-        return self.launched  # Gloo's (and NCCL's) threads: see distributed.exit_process
+        return self.launched  # Gloo's threads (NCCL's not checked): distributed.exit_process
 
 
 def spark_run(fn, args: tuple = (), num_proc: int = 2, local_mode: bool = False,
