@@ -241,6 +241,6 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     from hvd_ctsm import distributed
 
-    code = main()
+    plain_ddp = parse_args(None).backend == "ddp"
     # Plain DDP's Gloo threads outlive its process group, as the torch backend's do.
-    distributed.exit_process(code, skip_teardown=parse_args(None).backend == "ddp" or None)
+    distributed.exit_process(main(), own_torch_group=plain_ddp)

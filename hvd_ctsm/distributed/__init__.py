@@ -138,10 +138,10 @@ def shutdown() -> None:
         _active.shutdown()
 
 
-def exit_process(code: int, skip_teardown: bool | None = None) -> NoReturn:
+def exit_process(code: int, own_torch_group: bool = False) -> NoReturn:
     """End a command's process with `code`; the trainer's program ends here on every rank.
-    skip_teardown: None asks the backend started here; True for a process that ran its own
-    torch.distributed group (a benchmark's plain DDP).
+    own_torch_group: the process ran a torch.distributed group of its own, not through a
+    backend started here (a benchmark's plain DDP).
 
     Under the torch backend, Gloo's threads outlive destroy_process_group(): importing
     torch._dynamo (torch.optim does) leaves ten references to the default group that nothing
@@ -153,9 +153,7 @@ def exit_process(code: int, skip_teardown: bool | None = None) -> NoReturn:
     its exit handlers (logging's flush, the MLflow run's end), flushes its streams and leaves
     with os._exit, skipping that teardown.
     """
-    if skip_teardown is None:
-        skip_teardown = _active is not None and _active.threads_outlive_shutdown()
-    if skip_teardown:
+    if own_torch_group or (_active is not None and _active.threads_outlive_shutdown()):
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
