@@ -39,14 +39,16 @@ VARIANTS = {  # name: (ranks, backward_passes_per_step, rule)
 }
 
 
-def train_and_backtest(data: Path, work: Path, name: str, seed: int, epochs: int) -> dict:
+def train_and_backtest(data: Path, work: Path, name: str, seed: int, epochs: int,
+                       settings: list[str]) -> dict:
     from hvd_ctsm.backtest import run_backtest
 
     ranks, micro, rule = VARIANTS[name]
     out = work / f"{name}-s{seed}"
     overrides = [f"seed={seed}", f"epochs={epochs}", f"eval_every_epochs={epochs}",
                  f"dist.backward_passes_per_step={micro}", "progress=false",
-                 "dist.threads_per_rank=1", "keep_checkpoints=1", NO_TRACKING, *RULES[rule]]
+                 "dist.threads_per_rank=1", "keep_checkpoints=1", NO_TRACKING, *settings,
+                 *RULES[rule]]
     args = ["-m", "hvd_ctsm.train", "--config", "default", "--data", str(data), "--out", str(out),
             "--overwrite", *overrides]
     seconds = run(horovodrun(ranks, args), work / f"{name}-s{seed}.log")
@@ -83,6 +85,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--variants", help=f"comma list of {list(VARIANTS)} (default: all)")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="trainer overrides for every run (a candidate default, e.g. "
+                   "model.layers=3); the learning-rate rule of each variant still applies")
     p.add_argument("--add-to", type=Path, help="a quality.json of the same data, epochs and "
                    "seeds whose runs are kept (training is deterministic on CPU: a variant run "
                    "again gives the same NDCG to the last digit)")
@@ -96,8 +101,8 @@ def main(argv=None) -> int:
     t0, runs = time.perf_counter(), []
     if args.add_to:
         kept = json.loads(args.add_to.read_text())
-        if (kept["epochs"], kept["seeds"]) != (epochs, seeds):
-            p.error(f"{args.add_to} has other epochs/seeds than this run")
+        if (kept["epochs"], kept["seeds"], kept.get("settings", [])) != (epochs, seeds, args.set):
+            p.error(f"{args.add_to} has other epochs/seeds/--set than this run")
         runs = [r for r in kept["runs"] if r["variant"] not in names]
         wanted = {r["variant"] for r in runs} | set(names)
         names = [n for n in VARIANTS if n in wanted]
@@ -106,7 +111,7 @@ def main(argv=None) -> int:
             for name in names:
                 if any(r["variant"] == name and r["seed"] == seed for r in runs):
                     continue
-                runs.append(train_and_backtest(args.data, Path(tmp), name, seed, epochs))
+                runs.append(train_and_backtest(args.data, Path(tmp), name, seed, epochs, args.set))
                 print(f"[quality] seed {seed} {name}: ndcg@10 {runs[-1]['ndcg@10']:.4f}",
                       flush=True)
     table = {}
@@ -118,7 +123,8 @@ def main(argv=None) -> int:
                        "lr_rule": VARIANTS[name][2], "ndcg@10": stats,
                        "hr@10": spread(r["hr@10"] for r in rs),
                        "sampled_ndcg@10": spread(r["sampled_ndcg@10"] for r in rs)}
-    save("quality", {"data": args.data.name, "epochs": epochs, "seeds": seeds, "table": table,
+    save("quality", {"data": args.data.name, "epochs": epochs, "seeds": seeds,
+                     "settings": args.set, "table": table,
                      "verdict": verdict(table), "runs": runs,
                      "bench_seconds": time.perf_counter() - t0}, args.out)
     print(json.dumps(verdict(table), indent=1))
