@@ -66,16 +66,21 @@ class DataConfig:
 class ModelConfig:
     dim: int = 64
     """Width of embeddings and client states."""
-    layers: int = 2
-    """Causal attention blocks."""
-    heads: int = 2
+    layers: int = 3
+    """Causal attention blocks. 3 of 4 heads (2 of 2 until 2026-11-25) with no attention
+    dropout validated at or above the old 2 x 2 on every seed (0-2) of ML-100K under both tie
+    rules and of the synthetic set (benchmarks/results/model_search.md, trial l3h4-noattn);
+    an epoch costs about 1.27x."""
+    heads: int = 4
     """Attention heads per block (must divide dim)."""
     dropout: float = 0.2
     """Dropout on embeddings, attention and feed-forward outputs."""
-    attention_dropout: float | None = None
-    """Dropout on the attention weights (None: model.dropout). At 0 PyTorch can use its fused
-    attention kernel, which on one CPU thread took half the time of the unfused one that
-    dropout needs (one layer, batch 64, length 200, forward and backward)."""
+    attention_dropout: float | None = 0.0
+    """Dropout on the attention weights (None: model.dropout, the default until 2026-11-25).
+    At 0 PyTorch can use its fused attention kernel, which on one CPU thread took half the
+    time of the unfused one that dropout needs (one layer, batch 64, length 200, forward and
+    backward); 3 layers of 4 heads cost 1.70x the old default per epoch with it, 1.27x
+    without."""
     block: str = "residual"
     """How each attention and feed-forward output joins the stream: 'residual' (x + y, as in
     SASRec and most transformers) or 'gated' (a GRU-style gate, GTrXL; 12 more dim x dim
@@ -120,7 +125,8 @@ class ModelConfig:
 
     def __post_init__(self):
         _check(self.dim >= 1 and self.layers >= 1 and self.heads >= 1, "model sizes must be >= 1")
-        _check(self.dim % self.heads == 0, f"model.dim {self.dim} not divisible by {self.heads}")
+        _check(self.dim % self.heads == 0, f"model.dim {self.dim} is not divisible by "
+               f"model.heads {self.heads}: choose a multiple of it, or set model.heads")
         _check(0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1), got {self.dropout}")
         _check(self.attention_dropout is None or 0.0 <= self.attention_dropout < 1.0,
                f"model.attention_dropout must be in [0, 1), got {self.attention_dropout}")

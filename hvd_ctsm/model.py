@@ -302,11 +302,11 @@ LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias
 class CTSM(nn.Module):
     """Encoder plus heads. forward() returns {head name: loss} for a batch with targets."""
 
-    def __init__(self, sizes: ModelSizes, dim=64, layers=2, heads=2, dropout=0.2,
+    def __init__(self, sizes: ModelSizes, dim=64, layers=3, heads=4, dropout=0.2,
                  loss="full", negatives=100, head_names=("next_item", "sale"),
                  block="residual", ff_mult=4, side_features=True, item_bias=True,
                  exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0, exclude_tied=False,
-                 attention_dropout=None):
+                 attention_dropout=0.0):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,

@@ -190,6 +190,19 @@ def test_a_logged_trial_older_than_a_model_setting_counts_as_what_it_trained():
         ["model.recency_bias=true"])
 
 
+def test_a_baseline_trial_logged_before_attention_dropout_existed_still_counts_for_the_preset():
+    """The default's attention dropout went to 0 after the baseline's cells were logged; the
+    preset keeps the paper's dropout on the attention weights, so those cells still count."""
+    from hvd_ctsm.config import load_config, to_dict
+
+    old = to_dict(load_config("sasrec", ["data.path=x"]))
+    del old["model"]["attention_dropout"]
+    assert model_search.record_fingerprint({"config": old}) == model_search.config_fingerprint(
+        ["--config", "sasrec"])
+    assert model_search.record_fingerprint({"config": old}) != model_search.config_fingerprint(
+        ["--config", "sasrec", "model.attention_dropout=0"])
+
+
 def test_a_failed_benchmark_keeps_its_work_folder_for_the_logs(capsys):
     from benchmarks.common import work_folder
 

@@ -18,7 +18,7 @@ from hvd_ctsm.data import DatasetError
 @pytest.mark.parametrize("override, message", [
     ("data.batch_size=0", "data.batch_size must be >= 1, got 0"),
     ("commit_every_steps=0", "commit_every_steps must be >= 1, got 0"),
-    ("model.dim=63", "model.dim 63 not divisible by 2"),
+    ("model.dim=50", "model.dim 50 is not divisible by model.heads 4"),
     ("epochs=abc", "epochs=abc has the wrong type: expected int"),
     ("optim.lrr=0.1", "unknown keys ['lrr']"),
     ("dist.op=max", "dist.op='max' is not one of ['adasum', 'average']"),
