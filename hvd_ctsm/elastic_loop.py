@@ -25,7 +25,8 @@ from hvd_ctsm.trainer import Trainer, start_rank
 def build(cfg, init_from) -> tuple[Trainer, list, SampleClock, int]:
     meta, device, model = start_rank(cfg)
     if init_from:
-        warm_start(model, init_from, dist.is_root())  # the first sync broadcasts rank 0's
+        # rank 0 loads; the first sync broadcasts its weights
+        warm_start(model, init_from, dist.is_root(), cfg.model)
     groups = row_groups(split_url(cfg.data.path, "train"))
     batch = cfg.data.batch_size
     plan_or_fail(groups, batch, dist.size())

@@ -299,6 +299,19 @@ LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias
                "exclude_tied": False, "attention_dropout": None}
 
 
+# What makes two saved models the same network (besides vocabulary sizes): a warm start copies
+# weights only between equal architectures. Dropout, loss and loss weights may change.
+ARCHITECTURE = ("dim", "layers", "heads", "block", "ff_mult", "side_features", "recency_bias",
+                "item_bias")
+
+
+def architecture(model: dict) -> dict:
+    """The architecture a config's `model` section describes (old sections read as LEGACY_ARCH),
+    with the heads it trains under 'outputs'."""
+    filled = LEGACY_ARCH | model
+    return {k: filled[k] for k in ARCHITECTURE} | {"outputs": sorted(model["head_weights"])}
+
+
 class CTSM(nn.Module):
     """Encoder plus heads. forward() returns {head name: loss} for a batch with targets."""
 

@@ -71,3 +71,22 @@ def test_backtest_gate_and_deploy(tiny_features, trained, tmp_path, capsys):
     assert backtest.main(["--data", str(tiny_features), "--model", str(trained), "--report",
                           str(tmp_path / "r2.json"), "--champion",
                           str(version / "backtest.json"), "--tolerance", "0"]) == 0
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_warm_start_from_another_architecture_stops_in_one_line(tiny_features, trained,
+                                                                   tmp_path):
+    """`trained` has 1 layer; a retrain with the default 3 must not load it half (the old
+    default was 2 x 2 blocks, so a registry from before 2026-11-25 meets this)."""
+    out = tmp_path / "retrain"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvd_ctsm.train", "--data", str(tiny_features), "--out", str(out),
+         "--init-from", str(trained / "model.pt"), "--epochs", "1", "data.batch_size=16",
+         "model.dim=32", "progress=false", "tracking.enabled=false"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "model.layers=1" in errors[0] and "model.layers=3" in errors[0]
+    assert not out.exists()  # nothing trained, nothing written

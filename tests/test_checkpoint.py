@@ -1,8 +1,12 @@
 """Checkpoints: checksummed atomic files, fallback past damage, warm start on a new vocabulary."""
 
+from dataclasses import asdict
+
+import pytest
 import torch
 
 from hvd_ctsm.checkpoint import CheckpointManager, load_state, save_state
+from hvd_ctsm.config import ModelConfig
 from hvd_ctsm.model import CTSM, ModelSizes
 from hvd_ctsm.train_support import lr_scale, lr_schedule, warm_start
 
@@ -36,6 +40,27 @@ def test_warm_start_keeps_old_rows_of_a_grown_vocabulary(tmp_path):
     warm_start(new, str(tmp_path / "model.pt"), root=True)
     assert torch.equal(new.encoder.item.weight[:20], old.encoder.item.weight)
     assert torch.equal(new.heads["next_item"].bias[:20], old.heads["next_item"].bias)
+    assert torch.equal(new.encoder.blocks[0].qkv.weight, old.encoder.blocks[0].qkv.weight)
+
+
+def test_warm_start_refuses_another_architecture_in_one_line(tmp_path):
+    """The default went from 2 x 2 to 3 x 4 blocks: an old deployed model must not load into
+    a new default silently (its weights read with other heads, a third layer left random)."""
+    sizes = ModelSizes(num_items=20, num_event_types=5, attr_sizes=[3], max_len=8)
+    old_config = ModelConfig(dim=8, layers=1, heads=2, dropout=0.1)
+    old = CTSM.from_config(sizes, asdict(old_config))
+    save_state(tmp_path / "model.pt", {"model": old.state_dict(),
+                                       "config": {"model": asdict(old_config)}})
+    other_heads = ModelConfig(dim=8, layers=1, heads=4)
+    with pytest.raises(ValueError) as refused:
+        warm_start(CTSM.from_config(sizes, asdict(other_heads)), str(tmp_path / "model.pt"),
+                   root=True, model_config=other_heads)
+    message = str(refused.value)
+    assert "\n" not in message and "model.heads=2" in message and "model.heads=4" in message
+    assert "model.layers" not in message  # only what differs is named
+    same_network = ModelConfig(dim=8, layers=1, heads=2, dropout=0.3, loss="bce")
+    new = CTSM.from_config(sizes, asdict(same_network))
+    warm_start(new, str(tmp_path / "model.pt"), root=True, model_config=same_network)
     assert torch.equal(new.encoder.blocks[0].qkv.weight, old.encoder.blocks[0].qkv.weight)
 
 
