@@ -330,6 +330,12 @@ def apply_overrides(values: dict, overrides: list[str]) -> dict:
     return values
 
 
+def as_override(dotted: str, value) -> str:
+    """`section.field=value` as a user would type it to get `value` back (apply_overrides)."""
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else value
+    return f"{dotted}={text}"
+
+
 def preset_names() -> list[str]:
     folder = resources.files("hvd_ctsm").joinpath("presets")
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml")) \

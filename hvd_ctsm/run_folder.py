@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hvd_ctsm import outputs
-from hvd_ctsm.config import TrainConfig, to_dict
+from hvd_ctsm.config import TrainConfig, as_override, to_dict
 from hvd_ctsm.distributed.base import launch_rank
 
 
@@ -41,7 +41,9 @@ def check_resume_matches(out: Path, cfg: TrainConfig) -> None:
     now = to_dict(cfg)["model"]
     changed = sorted(k for k in now if k in before and before[k] != now[k])
     if changed:
-        was = ", ".join(f"model.{k}={before[k]}" for k in changed)
-        asked = ", ".join(f"model.{k}={now[k]}" for k in changed)
+        was = " ".join(as_override(f"model.{k}", before[k]) for k in changed)
+        asked = " ".join(as_override(f"model.{k}", now[k]) for k in changed)
+        # The difference may come from a default that changed since (the model's on 2026-11-25),
+        # not from an override: name the overrides that give the saved values back.
         raise SystemExit(f"error: --resume: {out} holds a run with {was}, this command asks "
-                         f"{asked}: drop those overrides to resume it, or train into a new --out")
+                         f"{asked}: pass {was} to resume it, or train into a new --out")

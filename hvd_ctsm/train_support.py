@@ -17,7 +17,7 @@ import torch
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import faults
 from hvd_ctsm.checkpoint import CheckpointManager, load_state
-from hvd_ctsm.config import ConfigError, ModelConfig, OptimConfig, TrainConfig
+from hvd_ctsm.config import ConfigError, ModelConfig, OptimConfig, TrainConfig, as_override
 from hvd_ctsm.data import model_sizes_kwargs
 from hvd_ctsm.dataset_meta import DatasetMeta, check_same_vocabulary
 from hvd_ctsm.model import ModelSizes, architecture
@@ -186,7 +186,7 @@ def check_same_architecture(path: str, old: dict, new: dict) -> None:
 def _override(key: str, value) -> str:
     if key == "outputs":  # the heads trained are the keys of model.head_weights
         return f"model.head_weights with keys {value}"
-    return f"model.{key}={str(value).lower() if isinstance(value, bool) else value}"
+    return as_override(f"model.{key}", value)
 
 
 def split_batch(batch: dict, parts: int) -> list[dict]:

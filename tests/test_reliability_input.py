@@ -46,6 +46,21 @@ def test_resume_with_another_model_shape_stops_in_one_line(tmp_path):
     assert "model.dim=32" in message and "model.dim=16" in message
 
 
+def test_resume_of_a_run_from_before_a_default_changed_names_the_overrides(tmp_path):
+    """A run started with the 2 x 2 default, resumed with no override after the default became
+    3 x 4: the fix is to pass the saved values, not to drop overrides the user never gave."""
+    from hvd_ctsm.config import load_config, save_config
+
+    out = tmp_path / "run"
+    out.mkdir()
+    save_config(load_config(None, ["model.layers=2", "model.heads=2",
+                                   "model.attention_dropout=null"]), out / "config.yaml")
+    with pytest.raises(SystemExit) as stop:
+        launch.main(["--data", str(tmp_path / "data"), "--out", str(out), "--resume"])
+    assert ("pass model.attention_dropout=null model.heads=2 model.layers=2 to resume it"
+            in str(stop.value))
+
+
 def test_a_missing_dataset_names_the_fix(tmp_path):
     with pytest.raises(DatasetError, match="point --data at a folder written by"):
         launch.main(["--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "run")])
