@@ -26,7 +26,7 @@ def build(cfg, init_from) -> tuple[Trainer, list, SampleClock, int]:
     meta, device, model = start_rank(cfg)
     if init_from:
         # rank 0 loads; the first sync broadcasts its weights
-        warm_start(model, init_from, dist.is_root(), cfg.model)
+        warm_start(model, init_from, dist.is_root())
     groups = row_groups(split_url(cfg.data.path, "train"))
     batch = cfg.data.batch_size
     plan_or_fail(groups, batch, dist.size())

@@ -20,7 +20,8 @@ from pathlib import Path
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import elastic_loop, faults, train
 from hvd_ctsm.config import ConfigError, config_from_argv, config_yaml
-from hvd_ctsm.run_folder import check_out_folder, check_resume_matches
+from hvd_ctsm.run_folder import (check_out_folder, check_resume_matches,
+                                 check_warm_start_matches)
 from hvd_ctsm.train_support import check_launch, note_restart
 
 
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         check_out_folder(Path(cfg.out), args.resume, args.overwrite, cfg.data.path)
         if args.resume:
             check_resume_matches(Path(cfg.out), cfg)
+    if args.init_from:
+        check_warm_start_matches(args.init_from, cfg)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if dist.restarted_by_launcher():
         note_restart(Path(cfg.out))

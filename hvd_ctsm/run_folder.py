@@ -1,4 +1,5 @@
-"""The trainer's run folder: what --overwrite may remove and what --resume may continue.
+"""The trainer's run folder and the model it continues: what --overwrite may remove, what
+--resume may continue and what --init-from may warm-start.
 
 Checked in `main`, before any worker starts Horovod and before the folder is created.
 """
@@ -8,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from hvd_ctsm import outputs
+from hvd_ctsm.checkpoint import load_state
 from hvd_ctsm.config import TrainConfig, as_override, to_dict
 from hvd_ctsm.distributed.base import launch_rank
+from hvd_ctsm.model import architecture
 
 
 def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str) -> None:
@@ -47,3 +50,28 @@ def check_resume_matches(out: Path, cfg: TrainConfig) -> None:
         # not from an override: name the overrides that give the saved values back.
         raise SystemExit(f"error: --resume: {out} holds a run with {was}, this command asks "
                          f"{asked}: pass {was} to resume it, or train into a new --out")
+
+
+def check_warm_start_matches(path: str, cfg: TrainConfig) -> None:
+    """--init-from (the pipeline's --warm-start) copies weights between equal architectures
+    only: an earlier model of another one would load into the wrong places (another head
+    count, a missing layer left random) without an error. Dropout, loss and loss weights may
+    change; --resume's check (above) allows no change at all."""
+    state = load_state(Path(path))
+    if "config" not in state:  # a model saved before configs were: only its shapes are known
+        return
+    was, wants = architecture(state["config"]["model"]), architecture(to_dict(cfg)["model"])
+    differ = [k for k in was if was[k] != wants[k]]
+    if differ:
+        trained = " ".join(_override(k, was[k]) for k in differ)
+        asked = " ".join(_override(k, wants[k]) for k in differ)
+        raise SystemExit(f"error: --init-from: {path} was trained as {trained}, this run asks "
+                         f"for {asked}; add the overrides {trained} to continue that model, or "
+                         "leave out --init-from (--warm-start) to train this architecture from "
+                         "scratch")
+
+
+def _override(key: str, value) -> str:
+    if key == "outputs":  # the heads trained are the keys of model.head_weights
+        return f"model.head_weights with keys {value}"
+    return as_override(f"model.{key}", value)

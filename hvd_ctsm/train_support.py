@@ -9,7 +9,6 @@ import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -17,10 +16,10 @@ import torch
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import faults
 from hvd_ctsm.checkpoint import CheckpointManager, load_state
-from hvd_ctsm.config import ConfigError, ModelConfig, OptimConfig, TrainConfig, as_override
+from hvd_ctsm.config import ConfigError, OptimConfig, TrainConfig
 from hvd_ctsm.data import model_sizes_kwargs
 from hvd_ctsm.dataset_meta import DatasetMeta, check_same_vocabulary
-from hvd_ctsm.model import ModelSizes, architecture
+from hvd_ctsm.model import ModelSizes
 
 log = logging.getLogger("hvd_ctsm.train")
 
@@ -139,17 +138,13 @@ def restore(checkpoints: CheckpointManager, model, optimizer, scheduler, meta: D
     return state["position"]
 
 
-def warm_start(model, path: str, root: bool, model_config: ModelConfig | None = None) -> None:
-    """Copy an earlier model's weights; item tables grown by a retrain keep the old rows. With
-    `model_config` (this run's), an earlier model of another architecture is
-    refused: its weights would load into the wrong places (another head count, a missing
-    layer left random) without an error."""
+def warm_start(model, path: str, root: bool) -> None:
+    """Copy an earlier model's weights; item tables grown by a retrain keep the old rows. That
+    it is the same architecture was checked before the workers started
+    (run_folder.check_warm_start_matches)."""
     if not root:
         return
-    state = load_state(path)
-    if model_config is not None and "config" in state:
-        check_same_architecture(path, state["config"]["model"], asdict(model_config))
-    old = state["model"]
+    old = load_state(path)["model"]
     new = model.state_dict()
     copied, grown = 0, 0
     for name, tensor in old.items():
@@ -169,24 +164,6 @@ def warm_start(model, path: str, root: bool, model_config: ModelConfig | None = 
     model.load_state_dict(new)
     log.info("warm start from %s: %d tensors copied, %d grown (new vocabulary rows)", path,
              copied, grown)
-
-
-def check_same_architecture(path: str, old: dict, new: dict) -> None:
-    was, wants = architecture(old), architecture(new)
-    if was == wants:
-        return
-    differ = [k for k in was if was[k] != wants[k]]
-    trained = " ".join(_override(k, was[k]) for k in differ)
-    asked = " ".join(_override(k, wants[k]) for k in differ)
-    raise ValueError(f"--init-from: {path} was trained as {trained}, this run asks for {asked}; "
-                     f"add the overrides {trained} to continue that model, or leave out "
-                     "--init-from (--warm-start) to train this architecture from scratch")
-
-
-def _override(key: str, value) -> str:
-    if key == "outputs":  # the heads trained are the keys of model.head_weights
-        return f"model.head_weights with keys {value}"
-    return as_override(f"model.{key}", value)
 
 
 def split_batch(batch: dict, parts: int) -> list[dict]:

@@ -1,13 +1,15 @@
 """Checkpoints: checksummed atomic files, fallback past damage, warm start on a new vocabulary."""
 
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
 
 from hvd_ctsm.checkpoint import CheckpointManager, load_state, save_state
-from hvd_ctsm.config import ModelConfig
+from hvd_ctsm.config import ModelConfig, TrainConfig
 from hvd_ctsm.model import CTSM, ModelSizes
+from hvd_ctsm.run_folder import check_warm_start_matches
 from hvd_ctsm.train_support import lr_scale, lr_schedule, warm_start
 
 
@@ -49,18 +51,17 @@ def test_warm_start_refuses_another_architecture_in_one_line(tmp_path):
     sizes = ModelSizes(num_items=20, num_event_types=5, attr_sizes=[3], max_len=8)
     old_config = ModelConfig(dim=8, layers=1, heads=2, dropout=0.1)
     old = CTSM.from_config(sizes, asdict(old_config))
-    save_state(tmp_path / "model.pt", {"model": old.state_dict(),
-                                       "config": {"model": asdict(old_config)}})
-    other_heads = ModelConfig(dim=8, layers=1, heads=4)
-    with pytest.raises(ValueError) as refused:
-        warm_start(CTSM.from_config(sizes, asdict(other_heads)), str(tmp_path / "model.pt"),
-                   root=True, model_config=other_heads)
+    path = str(tmp_path / "model.pt")
+    save_state(Path(path), {"model": old.state_dict(), "config": {"model": asdict(old_config)}})
+    with pytest.raises(SystemExit) as refused:
+        check_warm_start_matches(path, TrainConfig(model=ModelConfig(dim=8, layers=1, heads=4)))
     message = str(refused.value)
     assert "\n" not in message and "model.heads=2" in message and "model.heads=4" in message
     assert "model.layers" not in message  # only what differs is named
     same_network = ModelConfig(dim=8, layers=1, heads=2, dropout=0.3, loss="bce")
+    check_warm_start_matches(path, TrainConfig(model=same_network))  # passes
     new = CTSM.from_config(sizes, asdict(same_network))
-    warm_start(new, str(tmp_path / "model.pt"), root=True, model_config=same_network)
+    warm_start(new, path, root=True)
     assert torch.equal(new.encoder.blocks[0].qkv.weight, old.encoder.blocks[0].qkv.weight)
 
 

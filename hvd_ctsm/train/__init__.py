@@ -121,7 +121,7 @@ def start_position(trainer: Trainer, checkpoints: CheckpointManager, resume: boo
         position = restore(checkpoints, model, optimizer, scheduler, trainer.meta,
                            dist.is_root()) or position
     elif init_from:
-        warm_start(model, init_from, dist.is_root(), trainer.cfg.model)
+        warm_start(model, init_from, dist.is_root())
     dist.broadcast_state(model, optimizer)
     position = dist.broadcast_object(position)
     scheduler.load_state_dict(dist.broadcast_object(scheduler.state_dict()))
