@@ -7,6 +7,7 @@ from the committed (epoch, rows) position to the end, committing every `commit_e
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 
@@ -52,13 +53,15 @@ def run(cfg, init_from: str | None = None) -> dict:
     started = time.time()
     state = dist.elastic_state(trainer.model, trainer.optimizer, epoch=0, rows=0, step=0,
                                samples=0, size=dist.size(), best={"ndcg@10": float("-inf")},
-                               history=[], best_weights=None)
+                               history=[], best_weights=None, average=None)
 
     def commit(state) -> None:
         if dist.is_root():
             faults.append_event(out, {"event": "commit", "epoch": state.epoch,
                                       "rows": state.rows, "step": state.step,
                                       "size": dist.size()})
+        if trainer.average:  # a copy: the average changes in place, the commit must not
+            state.average = copy.deepcopy(trainer.average.state_dict())
         state.commit()  # may raise HostsUpdatedInterrupt: the loop restarts from here
 
     @dist.elastic_run
@@ -67,6 +70,10 @@ def run(cfg, init_from: str | None = None) -> dict:
         trainer.effective_batch = batch * dist.size()
         set_lr_scale(cfg.optim, trainer.scheduler, trainer.effective_batch)
         clock.samples = state.samples
+        if trainer.average:  # the committed average, else one of the weights we start from
+            trainer.average.restart(trainer.model)
+            if state.average:
+                trainer.average.load_state_dict(state.average)
         # resume=True: a rank 0 that replaces a failed one adds to the run it started.
         trainer.open_logs(resume=True)
         while state.epoch < cfg.epochs and not trainer.no_longer_improving(state.best,
@@ -112,6 +119,7 @@ def end_epoch(state, trainer: Trainer) -> None:
         if metrics["full"]["ndcg@10"] > state.best["ndcg@10"]:
             state.best = {"ndcg@10": metrics["full"]["ndcg@10"], "epoch": epoch}
             # A copy on every rank (the models are equal): a new rank gets it with the state.
-            state.best_weights = {k: v.detach().cpu().clone()
-                                  for k, v in trainer.model.state_dict().items()}
+            with trainer.averaged():
+                state.best_weights = {k: v.detach().cpu().clone()
+                                      for k, v in trainer.model.state_dict().items()}
     state.epoch, state.rows = epoch, 0

@@ -121,7 +121,8 @@ def restore(checkpoints: CheckpointManager, model, optimizer, scheduler, meta: D
             root: bool) -> dict | None:
     """Rank 0 loads the newest good checkpoint (the others receive it by broadcast).
 
-    Returns the saved data position, or None when there is nothing to resume from."""
+    Returns the checkpoint (its "position", and "weight_average" with optim.ema_decay), or
+    None when there is nothing to resume from."""
     if not root:
         return None
     state = checkpoints.load_latest()
@@ -135,7 +136,7 @@ def restore(checkpoints: CheckpointManager, model, optimizer, scheduler, meta: D
     scheduler.load_state_dict(state["scheduler"])
     log.info("resumed from step %d (epoch %d, step %d of the epoch)", state["position"]["step"],
              state["position"]["epoch"], state["position"]["batch"])
-    return state["position"]
+    return state
 
 
 def warm_start(model, path: str, root: bool) -> None:

@@ -12,6 +12,7 @@ checkpoints, metrics.jsonl, train_log.jsonl, model.pt and train_summary.json.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -33,6 +34,7 @@ from hvd_ctsm.dataset_meta import DatasetMeta, read_metadata
 from hvd_ctsm.evaluate import evaluate, model_scorer
 from hvd_ctsm.model import CTSM
 from hvd_ctsm.train_support import StepTimer, autocast_for, build_model_sizes
+from hvd_ctsm.weight_average import WeightAverage
 
 log = logging.getLogger("hvd_ctsm.train")
 
@@ -68,6 +70,8 @@ class Trainer:
         self.autocast, self.scaler = autocast_for(cfg.amp, device)
         self.out = Path(cfg.out)
         self.writer = None  # rank 0's TensorBoard/MLflow writer, from open_logs()
+        decay = cfg.optim.ema_decay
+        self.average = WeightAverage(model, decay, cfg.optim.base_batch_size) if decay else None
 
     def open_logs(self, resume: bool) -> None:
         """Rank 0: claim the run folder, save the config, open TensorBoard (and MLflow)."""
@@ -110,6 +114,8 @@ class Trainer:
             self.scaler.update()
             self.optimizer.zero_grad()  # Horovod's takes no set_to_none
             self.scheduler.step()
+            if self.average:
+                self.average.update(self.model, rows=self.effective_batch)
         return losses
 
     def log(self, step: int, losses: dict, bar) -> None:
@@ -138,8 +144,9 @@ class Trainer:
         self.model.eval()
         batches = eval_batches(split_url(self.cfg.data.path, "validation"), dist.rank(),
                                dist.size(), batch_size=256, max_len=self.model.sizes.max_len)
-        result = evaluate(batches, model_scorer(self.model, self.device),
-                          self.model.sizes.num_items, seed=self.cfg.seed)
+        with self.averaged():
+            result = evaluate(batches, model_scorer(self.model, self.device),
+                              self.model.sizes.num_items, seed=self.cfg.seed)
         self.model.train()
         vector = dist.allreduce_sum(torch.tensor(result.ranking_vector()), name="val_sums")
         labels = dist.allgather_object(result.labels)
@@ -148,6 +155,11 @@ class Trainer:
         if dist.is_root():
             self._log_validation(metrics, record | metrics)
         return metrics
+
+    def averaged(self):
+        """Inside the block the model holds the weights that are validated and kept: the
+        average of the weights with optim.ema_decay, else the weights themselves."""
+        return self.average.applied(self.model) if self.average else contextlib.nullcontext()
 
     def no_longer_improving(self, best: dict, epoch: int) -> bool:
         """early_stop_evals validations in a row without a better NDCG@10 (the same on every
@@ -165,6 +177,8 @@ class Trainer:
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "position": position | {"rng": rng},
                  "config": to_dict(self.cfg), "vocab_sha256": self.meta.vocab_sha256}
+        if self.average:
+            state["weight_average"] = self.average.state_dict()
         if dist.is_root():
             checkpoints.save(state, position["step"], is_best=is_best)
 
@@ -177,6 +191,8 @@ class Trainer:
                              "parameter_checksums": checksums}
         if dist.is_root():
             summary["model_epoch"] = load_best()
+            if summary["model_epoch"] is None and self.average:
+                self.model.load_state_dict(self.average.shadow)  # the last average is the model
             save_state(self.out / "model.pt", {
                 "model": self.model.state_dict(), "sizes": asdict(self.model.sizes),
                 "config": to_dict(self.cfg), "vocab_sha256": self.meta.vocab_sha256})

@@ -19,7 +19,9 @@ from hvd_ctsm.elastic import row_groups
 pytestmark = [pytest.mark.horovod, pytest.mark.spark, pytest.mark.slow, pytest.mark.faults]
 REPO = Path(__file__).resolve().parents[1]
 BATCH, EVERY, EPOCHS = 16, 3, 4  # 4 epochs: time for the rejoin (~15 s) at size 1
-RUN = ["--epochs", str(EPOCHS), f"commit_every_steps={EVERY}"]
+# With a moving average of the weights: it is committed, restored and sent to the rejoining rank
+# with the rest of the state, and the validated average is the model.
+RUN = ["--epochs", str(EPOCHS), f"commit_every_steps={EVERY}", "optim.ema_decay=0.9"]
 LAUNCH = [fl.HOROVODRUN, "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
           str(REPO / "scripts" / "local_hosts.sh"), "--network-interface", "lo",
           "--blacklist-cooldown-range", "2", "4", "--gloo"]

@@ -51,21 +51,27 @@ def test_two_ranks_learn_stay_in_sync_and_only_rank0_writes(tiny_features, tmp_p
 
 def test_resume_continues_exactly_where_it_stopped(tiny_features, tmp_path):
     """At np=1 with one reader worker the run is deterministic: stop mid-epoch, resume, and the
-    final model equals an uninterrupted run's, bit for bit."""
+    final model equals an uninterrupted run's, bit for bit. With a moving average of the
+    weights (optim.ema_decay; test_reliability_restart resumes without one) the average
+    resumes too, restarting it would change the model, and the validated average is the model."""
+    average = ["optim.ema_decay=0.9"]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    run_trainer(tiny_features, whole, "--epochs", "2")
+    run_trainer(tiny_features, whole, "--epochs", "2", *average)
     steps_per_epoch = json.loads((whole / "train_summary.json").read_text())["steps_per_epoch"]
     stop = steps_per_epoch + steps_per_epoch // 2  # in the middle of the second epoch
-    run_trainer(tiny_features, parts, "--epochs", "2", f"max_steps={stop}")
+    run_trainer(tiny_features, parts, "--epochs", "2", f"max_steps={stop}", *average)
     latest = load_state(sorted((parts / "checkpoints").glob("step-*.pt"))[-1])
     assert latest["position"]["step"] == stop
     assert latest["position"]["epoch"] == 1
     assert latest["position"]["batch"] == stop - steps_per_epoch
-    run_trainer(tiny_features, parts, "--epochs", "2", "--resume")
+    run_trainer(tiny_features, parts, "--epochs", "2", "--resume", *average)
     a = load_state(whole / "model.pt")["model"]
     b = load_state(parts / "model.pt")["model"]
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    best = load_state(whole / "checkpoints" / "best.pt")  # the average, not the weights
+    assert all(torch.equal(a[k], best["weight_average"]["weights"][k]) for k in a)
+    assert not all(torch.equal(a[k], best["model"][k]) for k in a)
 
 
 def test_a_dataset_of_another_schema_version_stops_before_training(tiny_features, tmp_path):

@@ -117,9 +117,10 @@ def start_position(trainer: Trainer, checkpoints: CheckpointManager, resume: boo
     else the beginning; every rank leaves with rank 0's weights, optimizer and schedule."""
     model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
     position = {"epoch": 0, "batch": 0, "step": 0, "best": {"ndcg@10": float("-inf")}}
+    saved = None
     if resume:
-        position = restore(checkpoints, model, optimizer, scheduler, trainer.meta,
-                           dist.is_root()) or position
+        saved = restore(checkpoints, model, optimizer, scheduler, trainer.meta, dist.is_root())
+        position = saved["position"] if saved else position
     elif init_from:
         warm_start(model, init_from, dist.is_root())
     dist.broadcast_state(model, optimizer)
@@ -127,6 +128,11 @@ def start_position(trainer: Trainer, checkpoints: CheckpointManager, resume: boo
     scheduler.load_state_dict(dist.broadcast_object(scheduler.state_dict()))
     if len(position.get("rng", [])) == dist.size():  # same world size: continue each RNG
         torch.set_rng_state(position["rng"][dist.rank()])
+    if trainer.average:  # the resumed run's average, else one of the weights training starts from
+        trainer.average.restart(model)
+        average = dist.broadcast_object(saved.get("weight_average") if saved else None)
+        if average:
+            trainer.average.load_state_dict(average)
     return position
 
 
@@ -136,7 +142,9 @@ def keep_best_weights(model, checkpoints: CheckpointManager, best: dict) -> int 
     path = checkpoints.folder / "best.pt"
     if "epoch" not in best or not path.exists():
         return None
-    model.load_state_dict(load_state(path)["model"])
+    state = load_state(path)
+    averaged = state.get("weight_average")  # optim.ema_decay: the average was validated
+    model.load_state_dict(averaged["weights"] if averaged else state["model"])
     return best["epoch"]
 
 
