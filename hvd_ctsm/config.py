@@ -117,6 +117,13 @@ class ModelConfig:
     """With loss 'full': add this weight times a binary loss of each target against `negatives`
     uniformly drawn items, the kind of negatives the sampled evaluation ranks it against. At
     weight 1 on ML-100K (seed 0) validation sampled NDCG@10 fell (0.495 against 0.509), so 0."""
+    future_targets: int = 1
+    """How many of the client's next events each state's next-item loss predicts: 1, the next
+    one only (SASRec's objective); k > 1 also the 2nd..k-th next events of the same example,
+    the j-th next weighted by future_decay^(j-1), with the events between them no negatives.
+    Needs model.loss=full. Evaluation still ranks the next event only."""
+    future_decay: float = 0.5
+    """Loss weight ratio from one future event to the next (with future_targets > 1)."""
     head_weights: dict[str, float] = field(default_factory=lambda: {"next_item": 1.0, "sale": 0.3})
     """Loss weight per head; the heads trained are the keys ('next_item', 'sale'). The sale
     head's 0.3 (0.1 until 2026-11-25) was chosen on validation, seed 0: on ML-100K under strict
@@ -137,6 +144,12 @@ class ModelConfig:
         _check(self.uniform_bce_weight >= 0, "model.uniform_bce_weight must be >= 0")
         _check(self.uniform_bce_weight == 0 or self.loss == "full",
                "model.uniform_bce_weight needs model.loss=full (the others sample already)")
+        _check(self.future_targets >= 1,
+               f"model.future_targets must be >= 1, got {self.future_targets}")
+        _check(self.future_targets == 1 or self.loss == "full",
+               "model.future_targets > 1 needs model.loss=full")
+        _check(0.0 < self.future_decay <= 1.0,
+               f"model.future_decay must be in (0, 1], got {self.future_decay}")
         _check("next_item" in self.head_weights, "model.head_weights needs 'next_item'")
         for name, weight in self.head_weights.items():
             _one_of("model.head_weights key", name, {"next_item", "sale"})

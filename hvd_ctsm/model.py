@@ -180,16 +180,22 @@ class NextItemHead(nn.Module):
     Both reach the loss as one mask, targets["not_negative"].
     uniform_bce_weight: with the 'full' loss, add this weight times the 'bce' loss against
     `negatives` uniformly drawn items (what the sampled evaluation ranks the target against).
+    future_targets, future_decay: with the 'full' loss and future_targets k > 1, each state
+    also predicts the client's 2nd..k-th next targets of its example, the j-th next weighted by
+    future_decay^(j-1) (see future_pairs); the items the client gets before such a target are
+    no negatives of it.
     """
 
     def __init__(self, encoder: TemporalEncoder, loss: str, negatives: int, item_bias=True,
-                 exclude_seen=False, uniform_bce_weight=0.0, exclude_tied=False):
+                 exclude_seen=False, uniform_bce_weight=0.0, exclude_tied=False,
+                 future_targets=1, future_decay=0.5):
         super().__init__()
         self.encoder = [encoder]  # a list: share the embedding without registering it twice
         # Without item_bias the vector stays zero (same state keys, so checkpoints load either way).
         self.bias = nn.Parameter(torch.zeros(encoder.item.num_embeddings), requires_grad=item_bias)
         self.loss_kind, self.negatives, self.exclude_seen = loss, negatives, exclude_seen
         self.uniform_bce_weight, self.exclude_tied = uniform_bce_weight, exclude_tied
+        self.future_targets, self.future_decay = future_targets, future_decay
 
     def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[B, d] states -> [B, C] scores for item_ids ([C] or [B, C]); all items when None."""
@@ -205,23 +211,42 @@ class NextItemHead(nn.Module):
 
     def loss(self, states: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
         target = targets["item"]
-        masked = targets.get("not_negative") if self.exclude_seen or self.exclude_tied else None
+        seen = targets.get("not_negative") if self.exclude_seen or self.exclude_tied else None
+        masked = seen
         if masked is not None:  # the target is never masked, even when it repeats a seen item
             masked = masked.scatter(1, target.unsqueeze(1), False)
         if self.loss_kind == "full":
-            logits = self.score(states)
-            if masked is not None:
-                logits = logits.masked_fill(masked, float("-inf"))
+            scores = self.score(states)
+            logits = scores if masked is None else scores.masked_fill(masked, float("-inf"))
             loss = F.cross_entropy(logits, target)
             if self.uniform_bce_weight:
                 sampled = self._sampled(states, target, masked)
                 loss = loss + self.uniform_bce_weight * self._bce(*sampled)
+            for offset in range(1, self.future_targets):
+                loss = loss + self.future_decay**offset * self._future_loss(
+                    scores, targets, seen, offset)
             return loss
         logits, collides = self._sampled(states, target, masked)
         if self.loss_kind == "sampled":
             logits = logits.masked_fill(collides, float("-inf"))
             return F.cross_entropy(logits, torch.zeros_like(target))
         return self._bce(logits, collides)
+
+    @staticmethod
+    def _future_loss(scores, targets, seen, offset):
+        """Softmax loss of each state against the target `offset` places after its own (same
+        example, a later state): the items the client gets from its own target up to that one
+        are no negatives, nor (with seen) those it had."""
+        src, dst = future_pairs(targets["row"], targets["pos"], offset)
+        if not len(src):
+            return scores.new_zeros(())
+        items = targets["item"]
+        rows = torch.arange(len(src), device=src.device)
+        masked = torch.zeros_like(scores[src], dtype=torch.bool) if seen is None else seen[src]
+        for step in range(offset):
+            masked[rows, items[src + step]] = True
+        masked[rows, items[dst]] = False
+        return F.cross_entropy(scores[src].masked_fill(masked, float("-inf")), items[dst])
 
     def _sampled(self, states, target, masked):
         """Scores of [target, `negatives` uniformly drawn items] per state, and which of those
@@ -280,6 +305,17 @@ def seen_items(items: torch.Tensor, target_row: torch.Tensor, target_pos: torch.
     return first[target_row] <= target_pos.unsqueeze(1)
 
 
+def future_pairs(target_row: torch.Tensor, target_pos: torch.Tensor, offset: int):
+    """Indices (src, dst) of target pairs `offset` apart in an example's target list (targets of
+    a row come in time order) whose later target is predicted from a strictly later state: the
+    state of src then learns the item of dst, an event after its own next one. Under the strict
+    tie rule, targets tied in time share a state and are not paired."""
+    src = torch.arange(max(0, len(target_row) - offset), device=target_row.device)
+    dst = src + offset
+    keep = (target_row[dst] == target_row[src]) & (target_pos[dst] > target_pos[src])
+    return src[keep], dst[keep]
+
+
 def tied_targets(target_row: torch.Tensor, target_pos: torch.Tensor, target_item: torch.Tensor,
                  num_items: int) -> torch.Tensor:
     """[T, num_items] bool: item i is the target of a target predicted from the same state
@@ -296,7 +332,8 @@ def tied_targets(target_row: torch.Tensor, target_pos: torch.Tensor, target_item
 # Architecture settings of models saved before they existed: such a model.pt is rebuilt as it was.
 LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias": True,
                "exclude_seen": False, "recency_bias": False, "uniform_bce_weight": 0.0,
-               "exclude_tied": False, "attention_dropout": None}
+               "exclude_tied": False, "attention_dropout": None, "future_targets": 1,
+               "future_decay": 0.5}
 
 
 # What makes two saved models the same network (besides vocabulary sizes): a warm start copies
@@ -319,13 +356,14 @@ class CTSM(nn.Module):
                  loss="full", negatives=100, head_names=("next_item", "sale"),
                  block="residual", ff_mult=4, side_features=True, item_bias=True,
                  exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0, exclude_tied=False,
-                 attention_dropout=0.0):
+                 attention_dropout=0.0, future_targets=1, future_decay=0.5):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
                                        side_features, recency_bias, attention_dropout)
         built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias,
-                                                   exclude_seen, uniform_bce_weight, exclude_tied),
+                                                   exclude_seen, uniform_bce_weight, exclude_tied,
+                                                   future_targets, future_decay),
                  "sale": lambda: SaleHead(self.encoder, dim)}
         unknown = set(head_names) - set(built)
         if unknown:
@@ -355,7 +393,8 @@ class CTSM(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         states = self.states_at(batch)
         targets = {"item": batch["target_item"], "label": batch["target_label"],
-                   "log_dt": batch["target_log_dt"]}
+                   "log_dt": batch["target_log_dt"], "row": batch["target_row"],
+                   "pos": batch["target_pos"]}
         next_item = self.heads["next_item"]
         masks = []  # items that are no negatives of a target: see NextItemHead
         if next_item.exclude_seen:

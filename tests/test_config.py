@@ -23,6 +23,8 @@ def test_preset_and_overrides():
     ("epochs=0", "epochs must be >= 1"),
     ("model.uniform_bce_weight=-1", "model.uniform_bce_weight must be >= 0"),
     ("model.attention_dropout=1", "model.attention_dropout must be in"),
+    ("model.future_targets=0", "model.future_targets must be >= 1"),
+    ("model.future_decay=0", "model.future_decay must be in (0, 1]"),
 ])
 def test_bad_values_stop_with_a_clear_error(override, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
@@ -32,6 +34,8 @@ def test_bad_values_stop_with_a_clear_error(override, message):
 def test_uniform_bce_weight_needs_the_full_softmax():
     with pytest.raises(ValueError, match="needs model.loss=full"):
         load_config(None, ["model.loss=bce", "model.uniform_bce_weight=1"])
+    with pytest.raises(ValueError, match="future_targets > 1 needs model.loss=full"):
+        load_config(None, ["model.loss=sampled", "model.future_targets=2"])
 
 
 def test_missing_config_file_names_the_presets():

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from hvd_ctsm.model import CTSM, ModelSizes, recency_bias, seen_items, tied_targets
+from hvd_ctsm.model import (CTSM, ModelSizes, future_pairs, recency_bias, seen_items,
+                             tied_targets)
 
 SIZES = ModelSizes(num_items=50, num_event_types=5, attr_sizes=[4, 3], max_len=12)
 
@@ -251,3 +252,37 @@ def test_exclude_tied_leaves_a_sibling_target_out_of_the_softmax_negatives():
     assert torch.allclose(loss_value, expected)
     m.heads["next_item"].exclude_tied = False
     assert m(batch)["next_item"] > loss_value  # the sibling was a competing negative
+
+
+def test_future_pairs_join_targets_of_one_example_predicted_from_later_states():
+    rows, pos = torch.tensor([0, 0, 0, 0, 1, 1]), torch.tensor([1, 2, 2, 4, 0, 1])
+    assert [t.tolist() for t in future_pairs(rows, pos, 1)] == [[0, 2, 4], [1, 3, 5]]
+    # offset 2: (1, 3) and (0, 2) share no state; (2, 4) and (3, 5) cross into another example
+    assert [t.tolist() for t in future_pairs(rows, pos, 2)] == [[0, 1], [2, 3]]
+    assert [t.tolist() for t in future_pairs(rows, pos, 9)] == [[], []]
+
+
+def test_future_targets_add_the_later_targets_with_decaying_weights_and_no_false_negatives():
+    torch.manual_seed(0)
+    kwargs = dict(dim=16, layers=1, heads=2, dropout=0.0, loss="full", head_names=("next_item",),
+                  exclude_seen=False)
+    ahead = CTSM(SIZES, future_targets=3, future_decay=0.5, **kwargs)
+    plain = CTSM(SIZES, **kwargs)
+    plain.load_state_dict(ahead.state_dict())
+    batch, _ = make_batch()
+    batch |= {"target_row": torch.tensor([0, 0, 0, 1]), "target_pos": torch.tensor([2, 3, 4, 5]),
+              "target_item": torch.tensor([4, 9, 7, 9]), "target_label": torch.zeros(4),
+              "target_log_dt": torch.zeros(4)}
+    scores = plain.score(plain.states_at(batch))
+    ce = torch.nn.functional.cross_entropy
+
+    def later(src, dst, before):  # row src's score against target dst's item, `before` masked
+        logits = scores[src].clone()
+        logits[before] = float("-inf")
+        return ce(logits[None], torch.tensor([dst]))
+
+    # offset 1: (0 -> 1) and (1 -> 2); offset 2: (0 -> 2); row 1 has one target only
+    first = (later(0, 9, [4]) + later(1, 7, [9])) / 2
+    second = later(0, 7, [4, 9])
+    expected = plain(batch)["next_item"] + 0.5 * first + 0.25 * second
+    assert torch.allclose(ahead(batch)["next_item"], expected)
