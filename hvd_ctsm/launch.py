@@ -20,8 +20,7 @@ from pathlib import Path
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import elastic_loop, faults, train
 from hvd_ctsm.config import ConfigError, config_from_argv, config_yaml
-from hvd_ctsm.run_folder import (check_out_folder, check_resume_matches,
-                                 check_warm_start_matches)
+from hvd_ctsm.run_folder import check_out_folder, check_resume_matches, check_warm_start_matches
 from hvd_ctsm.train_support import check_launch, note_restart
 
 

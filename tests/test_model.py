@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from hvd_ctsm.model import (CTSM, ModelSizes, future_pairs, recency_bias, seen_items,
-                             tied_targets)
+from hvd_ctsm.model import CTSM, ModelSizes, future_pairs, recency_bias, seen_items, tied_targets
 
 SIZES = ModelSizes(num_items=50, num_event_types=5, attr_sizes=[4, 3], max_len=12)
 
