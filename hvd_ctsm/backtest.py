@@ -27,7 +27,7 @@ from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import load_state
 from hvd_ctsm.data import eval_batches, split_url
 from hvd_ctsm.dataset_meta import DatasetMeta, check_same_vocabulary, read_metadata
-from hvd_ctsm.evaluate import Popularity, evaluate, model_scorer
+from hvd_ctsm.evaluate import Popularity, evaluate, model_scorer, paired_differences
 from hvd_ctsm.model import CTSM
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
@@ -99,7 +99,7 @@ def evaluate_model(data: str, meta: DatasetMeta, model_path: str, split: str, se
                           "backtest on the features it was trained on (or retrain)")
     batches = eval_batches(split_url(data, split), 0, 1, 256, meta.max_len)
     return evaluate(batches, model_scorer(model, torch.device("cpu")),
-                    meta.num_items, seed=seed)
+                    meta.num_items, seed=seed, keep_ranks=True)
 
 
 def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
@@ -115,14 +115,18 @@ def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
     url = split_url(data, split)
     counts = Popularity.fit(eval_batches(split_url(data, "train"), 0, 1, 256, max_len), num_items)
     popularity = evaluate(eval_batches(url, 0, 1, 256, max_len), counts.scorer(), num_items,
-                          seed=seed)
-    others = {}
+                          seed=seed, keep_ranks=True)
+    others, compared = {}, {"popularity": popularity}
     if baseline:
-        others = {"baseline": evaluate_model(data, meta, baseline, split, seed).summary(),
+        compared["baseline"] = evaluate_model(data, meta, baseline, split, seed)
+        others = {"baseline": compared["baseline"].summary(),
                   "baseline_path": str(model_file(baseline))}
+    # model - each other scorer, target by target: is a gap more than the clients' noise?
+    differences = {name: paired_differences(ours, other, seed) for name, other in compared.items()}
     return {"split": split, "data": str(data), "model_path": str(model_file(model_path)),
             "model_sha256": hashlib.sha256(model_file(model_path).read_bytes()).hexdigest(),
             "model": ours.summary(), "popularity": popularity.summary(), **others,
+            "differences": differences,
             "protocol": {"full": "all items, the client's earlier items removed",
                          "sampled": "target + 100 uniformly sampled items the client never had"},
             "seconds": round(time.perf_counter() - t0, 2)}
@@ -139,6 +143,12 @@ def print_table(report: dict) -> None:
         print(f"{name:<14}{m['full']['ndcg@10']:>10.4f}{m['full']['hr@10']:>10.4f}"
               f"{m['full']['mrr']:>10.4f}         |{m['sampled']['ndcg@10']:>10.4f}"
               f"{m['sampled']['hr@10']:>10.4f}                |{sale:>9.4f}")
+    for name, diffs in report.get("differences", {}).items():
+        some = next(iter(diffs.values()))
+        cells = [f"{key.split('.')[0]} NDCG@10 {d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"
+                 for key, d in diffs.items() if key.endswith("ndcg@10")]
+        print(f"model - {name} ({some['level']:.0%} interval over {some['groups']} clients): "
+              + ", ".join(cells))
 
 
 def main(argv: list[str] | None = None) -> int:

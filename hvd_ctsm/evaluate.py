@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hvd_ctsm.metrics import RankingSums, auc, log_loss, sample_negatives, target_ranks
+from hvd_ctsm.metrics import (RankingSums, auc, hit_at_k, log_loss, ndcg_at_k, paired_difference,
+                              sample_negatives, target_ranks)
 
 # (batch) -> ([rows, num_items] next-item scores, [rows] p(sale) of the target item or None)
 Scorer = Callable[[dict], tuple[torch.Tensor, torch.Tensor | None]]
@@ -30,6 +31,10 @@ class EvalResult:
     sampled: RankingSums = field(default_factory=RankingSums)
     labels: list[np.ndarray] = field(default_factory=list)
     probs: list[np.ndarray] = field(default_factory=list)
+    # With evaluate(keep_ranks=True): each target as (client, its n-th target) and its ranks.
+    targets: list[tuple[str, int]] = field(default_factory=list)
+    ranks: dict[str, list[np.ndarray]] = field(
+        default_factory=lambda: {"full": [], "sampled": []})
 
     def ranking_vector(self) -> list[float]:
         """Sums and counts of both protocols, to be added across ranks."""
@@ -51,13 +56,40 @@ class EvalResult:
         return out
 
 
+# The per-target metrics that paired_differences compares: (protocol, metric, function of ranks).
+PAIRED_METRICS = (("full", "ndcg@10", lambda r: ndcg_at_k(r, 10)),
+                  ("full", "hr@10", lambda r: hit_at_k(r, 10)),
+                  ("sampled", "ndcg@10", lambda r: ndcg_at_k(r, 10)),
+                  ("sampled", "hr@10", lambda r: hit_at_k(r, 10)))
+
+
+def paired_differences(ours: EvalResult, other: EvalResult, seed: int = 0) -> dict:
+    """ours - other for each PAIRED_METRICS entry, paired target by target, with a 95% bootstrap
+    interval over clients (metrics.paired_difference). Both must come from evaluate(...,
+    keep_ranks=True) on the same targets (the same data and split)."""
+    if not ours.targets or sorted(ours.targets) != sorted(other.targets):
+        raise ValueError("paired differences need two evaluations of the same targets")
+    order = {key: i for i, key in enumerate(other.targets)}
+    align = np.array([order[key] for key in ours.targets])
+    clients = np.array([client for client, _ in ours.targets])
+    out = {}
+    for protocol, metric, per_target in PAIRED_METRICS:
+        mine = per_target(np.concatenate(ours.ranks[protocol]))
+        theirs = per_target(np.concatenate(other.ranks[protocol]))[align]
+        out[f"{protocol}.{metric}"] = paired_difference(mine, theirs, clients, seed=seed)
+    return out
+
+
 def client_rng(seed: int, client_id: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(client_id.encode())])
 
 
 def evaluate(batches: Iterable[dict], scorer: Scorer, num_items: int, seed: int = 0,
-             negatives: int = 100) -> EvalResult:
+             negatives: int = 100, keep_ranks: bool = False) -> EvalResult:
+    """Both protocols' sums (and the sale head's labels and probabilities) over `batches`;
+    keep_ranks also keeps each target's ranks, for paired_differences."""
     result = EvalResult()
+    seen_targets: dict[str, int] = {}
     for batch in batches:
         with torch.no_grad():
             scores, p_sale = scorer(batch)
@@ -72,8 +104,9 @@ def evaluate(batches: Iterable[dict], scorer: Scorer, num_items: int, seed: int 
             masked[t, 0] = -np.inf
         masked_target = masked[np.arange(len(targets)), targets]
         # A masked (repeat) target scores -inf and ranks last among the rest.
-        result.full.add_ranks(np.where(np.isneginf(masked_target), num_items - 2,
-                                       target_ranks(masked, masked_target)))
+        full_ranks = np.where(np.isneginf(masked_target), num_items - 2,
+                              target_ranks(masked, masked_target))
+        result.full.add_ranks(full_ranks)
         sampled_ranks = []
         for t, row in enumerate(rows):
             rng = client_rng(seed, batch["client_id"][row])
@@ -82,6 +115,13 @@ def evaluate(batches: Iterable[dict], scorer: Scorer, num_items: int, seed: int 
             sampled_ranks.append(target_ranks(scores[t, negs][None, :],
                                               target_scores[t:t + 1])[0] + 1)
         result.sampled.add_ranks(np.asarray(sampled_ranks))
+        if keep_ranks:
+            result.ranks["full"].append(full_ranks)
+            result.ranks["sampled"].append(np.asarray(sampled_ranks))
+            for row in rows:
+                client = str(batch["client_id"][row])
+                seen_targets[client] = seen_targets.get(client, -1) + 1
+                result.targets.append((client, seen_targets[client]))
         if p_sale is not None:
             result.labels.append(batch["target_label"].numpy().astype(np.float64))
             result.probs.append(p_sale.float().cpu().numpy().astype(np.float64))

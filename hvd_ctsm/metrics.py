@@ -73,6 +73,30 @@ class RankingSums:
         return self.means_from_vector(self.as_vector())
 
 
+def paired_difference(a: np.ndarray, b: np.ndarray, groups: np.ndarray, resamples: int = 2000,
+                      seed: int = 0, level: float = 0.95) -> dict:
+    """Mean of a - b over paired per-target values, with a bootstrap confidence interval that
+    resamples whole groups (clients) with replacement, so targets of one client move together.
+
+    Two models scored on the same targets differ by less than each one's own spread over
+    clients: the pairing removes what the clients have in common. Returns the mean difference,
+    the interval's ends (percentiles at (1 - level) / 2 and (1 + level) / 2) and the counts."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.shape != np.shape(groups):
+        raise ValueError(f"paired values need one shape, got {a.shape}, {b.shape} and "
+                         f"{np.shape(groups)}")
+    if not len(a):
+        raise ValueError("no paired values to compare")
+    _, group = np.unique(np.asarray(groups), return_inverse=True)
+    sums = np.bincount(group, weights=a - b)
+    counts = np.bincount(group).astype(np.float64)
+    picks = np.random.default_rng(seed).integers(0, len(sums), (resamples, len(sums)))
+    means = sums[picks].sum(axis=1) / counts[picks].sum(axis=1)
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return {"mean": float(sums.sum() / counts.sum()), "low": float(low), "high": float(high),
+            "level": level, "targets": int(len(a)), "groups": int(len(sums))}
+
+
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Area under the ROC curve (Mann-Whitney U, ties counted half); NaN with one class only."""
     labels = np.asarray(labels).astype(bool)

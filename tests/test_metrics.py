@@ -63,3 +63,60 @@ def test_a_model_without_a_sale_head_gets_ranking_metrics_and_no_auc():
     summary = result.summary()
     assert summary["full"]["hr@10"] == 1.0 and summary["sampled"]["mrr"] == 0.5
     assert "sale" not in summary
+
+
+def test_paired_difference_of_a_constant_gap_is_exact_whatever_the_clients_spread():
+    from hvd_ctsm.metrics import paired_difference
+
+    rng = np.random.default_rng(0)
+    theirs = rng.uniform(0, 1, 500)  # clients differ a lot; the gap between models does not
+    gap = paired_difference(theirs + 0.02, theirs, np.arange(500))
+    assert gap["mean"] == pytest.approx(0.02)
+    assert gap["low"] == pytest.approx(0.02) and gap["high"] == pytest.approx(0.02)
+    same = paired_difference(theirs, theirs, np.arange(500))
+    assert same["mean"] == same["low"] == same["high"] == 0.0
+
+
+def test_paired_difference_resamples_clients_and_narrows_with_more_of_them():
+    from hvd_ctsm.metrics import paired_difference
+
+    rng = np.random.default_rng(1)
+
+    def width(clients):
+        ours, theirs = rng.uniform(0, 1, (2, 2 * clients))
+        d = paired_difference(ours, theirs, np.repeat(np.arange(clients), 2))
+        assert d["low"] <= d["mean"] <= d["high"] and d["groups"] == clients
+        assert d["targets"] == 2 * clients
+        return d["high"] - d["low"]
+
+    few, many = width(100), width(1600)
+    assert 2.5 < few / many < 6  # about sqrt(16) = 4
+    with pytest.raises(ValueError, match="one shape"):
+        paired_difference(np.zeros(3), np.zeros(4), np.arange(3))
+    with pytest.raises(ValueError, match="no paired values"):
+        paired_difference(np.zeros(0), np.zeros(0), np.zeros(0))
+
+
+def test_paired_differences_pair_each_target_with_itself_whatever_the_order():
+    from hvd_ctsm.evaluate import EvalResult, paired_differences
+
+    def result(targets, full, sampled):
+        r = EvalResult()
+        r.targets = targets
+        r.ranks = {"full": [np.array(full)], "sampled": [np.array(sampled)]}
+        return r
+
+    keys = [("a", 0), ("a", 1), ("b", 0), ("c", 0)]
+    ours = result(keys, [0, 3, 50, 7], [0, 1, 2, 3])
+    # The same ranks listed in the other order: paired target by target, nothing differs.
+    same = paired_differences(ours, result(keys[::-1], [7, 50, 3, 0], [3, 2, 1, 0]))
+    assert all(d["mean"] == d["low"] == d["high"] == 0.0 for d in same.values())
+    # Each target one place lower in the other model (again listed the other way round).
+    lower = paired_differences(ours, result(keys[::-1], [8, 51, 4, 1], [4, 3, 2, 1]))
+    expected = np.mean(ndcg_at_k(np.array([0, 3, 50, 7]), 10)
+                       - ndcg_at_k(np.array([1, 4, 51, 8]), 10))
+    assert lower["full.ndcg@10"]["mean"] == pytest.approx(expected)
+    assert lower["full.hr@10"]["mean"] == 0.0  # all four stay in (or out of) the top 10
+    assert lower["sampled.hr@10"]["groups"] == 3  # a's two targets are resampled together
+    with pytest.raises(ValueError, match="same targets"):
+        paired_differences(ours, result(keys[:3], [0, 0, 0], [0, 0, 0]))

@@ -47,6 +47,18 @@ def test_ctsm_and_the_baseline_beat_popularity(ctsm_and_baseline):
         assert ours["sampled"]["ndcg@10"] > popular["sampled"]["ndcg@10"] + 0.05, (name, report)
 
 
+def test_the_report_pairs_the_model_with_each_other_scorer_target_by_target(ctsm_and_baseline):
+    _, _, report, _ = ctsm_and_baseline
+    for name in ("popularity", "baseline"):
+        for protocol in ("full", "sampled"):
+            gap = report["differences"][name][f"{protocol}.ndcg@10"]
+            # Every test target is paired: the mean gap is the gap of the two means.
+            assert gap["mean"] == pytest.approx(
+                report["model"][protocol]["ndcg@10"] - report[name][protocol]["ndcg@10"])
+            assert gap["low"] <= gap["mean"] <= gap["high"]
+            assert gap["targets"] == report["model"][protocol]["targets"]
+
+
 def test_the_sale_head_beats_chance(ctsm_and_baseline):
     _, _, report, _ = ctsm_and_baseline
     # 160 test targets on this tiny set: AUC ~0.60 here (popularity ~0.56); on the full
