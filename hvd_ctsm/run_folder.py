@@ -42,10 +42,8 @@ def check_resume_matches(out: Path, cfg: TrainConfig) -> None:
         return
     before = (yaml.safe_load(saved.read_text()) or {}).get("model", {})
     now = to_dict(cfg)["model"]
-    changed = sorted(k for k in now if k in before and before[k] != now[k])
-    if changed:
-        was = " ".join(as_override(f"model.{k}", before[k]) for k in changed)
-        asked = " ".join(as_override(f"model.{k}", now[k]) for k in changed)
+    was, asked = _differing(before, now, sorted(k for k in now if k in before))
+    if was:
         # The difference may come from a default that changed since (the model's on 2026-11-25),
         # not from an override: name the overrides that give the saved values back.
         raise SystemExit(f"error: --resume: {out} holds a run with {was}, this command asks "
@@ -60,15 +58,21 @@ def check_warm_start_matches(path: str, cfg: TrainConfig) -> None:
     state = load_state(Path(path))
     if "config" not in state:  # a model saved before configs were: only its shapes are known
         return
-    was, wants = architecture(state["config"]["model"]), architecture(to_dict(cfg)["model"])
-    differ = [k for k in was if was[k] != wants[k]]
-    if differ:
-        trained = " ".join(_override(k, was[k]) for k in differ)
-        asked = " ".join(_override(k, wants[k]) for k in differ)
+    saved = architecture(state["config"]["model"])
+    trained, asked = _differing(saved, architecture(to_dict(cfg)["model"]), saved)
+    if trained:
         raise SystemExit(f"error: --init-from: {path} was trained as {trained}, this run asks "
                          f"for {asked}; add the overrides {trained} to continue that model, or "
                          "leave out --init-from (--warm-start) to train this architecture from "
                          "scratch")
+
+
+def _differing(before: dict, now: dict, keys) -> tuple[str, str]:
+    """The model settings among `keys` that differ, as overrides: (saved values, asked ones);
+    two empty strings when none does."""
+    differ = [k for k in keys if before[k] != now[k]]
+    return (" ".join(_override(k, before[k]) for k in differ),
+            " ".join(_override(k, now[k]) for k in differ))
 
 
 def _override(key: str, value) -> str:
