@@ -71,9 +71,7 @@ def run(cfg, init_from: str | None = None) -> dict:
         set_lr_scale(cfg.optim, trainer.scheduler, trainer.effective_batch)
         clock.samples = state.samples
         if trainer.average:  # the committed average, else one of the weights we start from
-            trainer.average.restart(trainer.model)
-            if state.average:
-                trainer.average.load_state_dict(state.average)
+            trainer.average.restart(trainer.model, state.average)
         # resume=True: a rank 0 that replaces a failed one adds to the run it started.
         trainer.open_logs(resume=True)
         while state.epoch < cfg.epochs and not trainer.no_longer_improving(state.best,

@@ -30,10 +30,13 @@ class WeightAverage:
         self.decay, self.unit_rows = decay, unit_rows
         self.restart(model)
 
-    def restart(self, model: nn.Module) -> None:
-        """Start the average over from the model's weights now (a warm start's, say)."""
+    def restart(self, model: nn.Module, saved: dict | None = None) -> None:
+        """Start the average over from the model's weights now (a warm start's, say), or
+        continue a `saved` one (state_dict(): a resumed or re-formed run's)."""
         self.updates = 0
         self.shadow = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if saved:
+            self.load_state_dict(saved)
 
     @torch.no_grad()
     def update(self, model: nn.Module, rows: int | None = None) -> None:

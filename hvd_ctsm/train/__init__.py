@@ -129,10 +129,8 @@ def start_position(trainer: Trainer, checkpoints: CheckpointManager, resume: boo
     if len(position.get("rng", [])) == dist.size():  # same world size: continue each RNG
         torch.set_rng_state(position["rng"][dist.rank()])
     if trainer.average:  # the resumed run's average, else one of the weights training starts from
-        trainer.average.restart(model)
-        average = dist.broadcast_object(saved.get("weight_average") if saved else None)
-        if average:
-            trainer.average.load_state_dict(average)
+        trainer.average.restart(model, dist.broadcast_object(
+            saved.get("weight_average") if saved else None))
     return position
 
 
