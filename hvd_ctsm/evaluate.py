@@ -89,7 +89,7 @@ def evaluate(batches: Iterable[dict], scorer: Scorer, num_items: int, seed: int 
     """Both protocols' sums (and the sale head's labels and probabilities) over `batches`;
     keep_ranks also keeps each target's ranks, for paired_differences."""
     result = EvalResult()
-    seen_targets: dict[str, int] = {}
+    targets_so_far: dict[str, int] = {}
     for batch in batches:
         with torch.no_grad():
             scores, p_sale = scorer(batch)
@@ -120,8 +120,8 @@ def evaluate(batches: Iterable[dict], scorer: Scorer, num_items: int, seed: int 
             result.ranks["sampled"].append(np.asarray(sampled_ranks))
             for row in rows:
                 client = str(batch["client_id"][row])
-                seen_targets[client] = seen_targets.get(client, -1) + 1
-                result.targets.append((client, seen_targets[client]))
+                targets_so_far[client] = targets_so_far.get(client, -1) + 1
+                result.targets.append((client, targets_so_far[client]))
         if p_sale is not None:
             result.labels.append(batch["target_label"].numpy().astype(np.float64))
             result.probs.append(p_sale.float().cpu().numpy().astype(np.float64))

@@ -240,13 +240,13 @@ class NextItemHead(nn.Module):
         src, dst = future_pairs(targets["row"], targets["pos"], offset)
         if not len(src):
             return scores.new_zeros(())
-        items = targets["item"]
+        items, logits = targets["item"], scores[src]
         rows = torch.arange(len(src), device=src.device)
-        masked = torch.zeros_like(scores[src], dtype=torch.bool) if seen is None else seen[src]
+        masked = torch.zeros_like(logits, dtype=torch.bool) if seen is None else seen[src]
         for step in range(offset):
             masked[rows, items[src + step]] = True
         masked[rows, items[dst]] = False
-        return F.cross_entropy(scores[src].masked_fill(masked, float("-inf")), items[dst])
+        return F.cross_entropy(logits.masked_fill(masked, float("-inf")), items[dst])
 
     def _sampled(self, states, target, masked):
         """Scores of [target, `negatives` uniformly drawn items] per state, and which of those
