@@ -91,6 +91,22 @@ def check_fields(meta: dict, path: str) -> None:
                                f"(a damaged or hand-edited file): {REBUILD}")
 
 
+def item_categories(data_dir: str | Path, meta: DatasetMeta) -> list[int]:
+    """Each item's category index from the dataset's vocab.json (0 = unknown), checked."""
+    from hvd_ctsm import storage
+
+    path = storage.join(data_dir, "vocab.json")
+    try:
+        categories = json.loads(storage.read_bytes(path)).get("item_category")
+    except (FileNotFoundError, ValueError) as exc:
+        raise DatasetError(f"{path} is missing or not JSON ({exc}): {REBUILD}") from exc
+    if (not isinstance(categories, list) or len(categories) != meta.num_items
+            or not all(isinstance(c, int) and c >= 0 for c in categories)):
+        raise DatasetError(f"{path}: item_category is not one index per item "
+                           f"({meta.num_items} items): {REBUILD}")
+    return categories
+
+
 def check_same_vocabulary(state: dict, meta: dict, what: str, data, fix: str) -> None:
     """A saved model or checkpoint (`state`) indexes items as the dataset (`meta`, read here or
     from a deployed copy of metadata.json) does: the same vocab.json bytes. The one check every

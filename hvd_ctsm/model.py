@@ -10,9 +10,10 @@ Plain PyTorch: nothing here knows about Horovod, Spark or Petastorm.
 
 `merge` is a plain residual sum (block="residual") or a GRU-style gate (block="gated", GTrXL).
 With recency_bias, attention also favours recent events (ALiBi: a per-head penalty that grows with
-the distance back). With block="residual", no side features, no recency bias, ff_mult=1 and the
-BCE loss with one negative, the encoder is the SASRec model of Kang & McAuley (2018): the
-in-project baseline (preset `sasrec`).
+the distance back); with time_bias, also by the time elapsed (a learned per-head penalty on the
+log hours between two events, as time-interval-aware attention does). With block="residual", no
+side features, no recency or time bias, ff_mult=1 and the BCE loss with one negative, the encoder
+is the SASRec model of Kang & McAuley (2018): the in-project baseline (preset `sasrec`).
 
 A head turns the states at the target positions into a loss; a new target is a new head class in
 HEADS, with no change to the encoder.
@@ -37,6 +38,9 @@ class ModelSizes:
     num_event_types: int  # including padding
     attr_sizes: list[int] = field(default_factory=list)  # one vocabulary size per attribute
     max_len: int = 200
+    # Each item's category index (vocab.json's item_category, 0 = unknown), read for
+    # model.item_category only; empty: no category known.
+    item_category: list[int] = field(default_factory=list)
 
 
 class GRUGate(nn.Module):
@@ -120,12 +124,29 @@ def recency_bias(heads: int, t: int, device=None) -> torch.Tensor:
     return bias.masked_fill(distance < 0, float("-inf"))
 
 
+def causal_mask(t: int, device=None) -> torch.Tensor:
+    """[t, t] additive mask: 0 at and below the diagonal, -inf above it (the future)."""
+    future = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+    return torch.zeros(t, t, device=device).masked_fill(future, float("-inf"))
+
+
+def time_gap_bias(log_gap: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
+    """[b, heads, t, t] attention bias -slope_h * log1p(hours between event j and event i) for
+    j <= i, from each event's log1p(hours since the previous one) ([b, t], the history's
+    log_gap). Query i's row reads only log_gaps at positions <= i: the clock at i and j is
+    the sum of the gaps up to each, so it is causal with the causal mask it is added to."""
+    clock = torch.expm1(log_gap.float()).clamp(min=0).cumsum(dim=1)  # hours since the first
+    elapsed = (clock[:, :, None] - clock[:, None, :]).clamp(min=0)  # [b, i, j]
+    return -slopes[None, :, None, None] * torch.log1p(elapsed)[:, None]
+
+
 class TemporalEncoder(nn.Module):
     """Client state at every position from that position's event and all earlier ones."""
 
     def __init__(self, sizes: ModelSizes, dim: int, layers: int, heads: int, dropout: float,
                  block: str = "residual", ff_mult: int = 4, side_features: bool = True,
-                 recency_bias: bool = False, attention_dropout: float | None = None):
+                 recency_bias: bool = False, attention_dropout: float | None = None,
+                 time_bias: bool = False, item_category: bool = False):
         super().__init__()
         if dim % heads:
             raise ValueError(f"model dim {dim} is not divisible by heads {heads}")
@@ -133,6 +154,16 @@ class TemporalEncoder(nn.Module):
             raise ValueError(f"unknown block {block!r}; known: {sorted(MERGES)}")
         self.item = nn.Embedding(sizes.num_items, dim, padding_idx=0)
         self.position = nn.Embedding(sizes.max_len, dim)
+        self.category = None
+        if item_category:  # an item's vector adds its category's, shared by the category's items
+            known = sizes.item_category or [0] * sizes.num_items
+            if len(known) != sizes.num_items:
+                raise ValueError(f"{len(known)} item categories for {sizes.num_items} items")
+            self.register_buffer("item_to_category", torch.tensor(known), persistent=False)
+            self.category = nn.Embedding(max(known) + 1, dim, padding_idx=0)
+            nn.init.normal_(self.category.weight, std=dim**-0.5)
+            with torch.no_grad():
+                self.category.weight[0].zero_()
         self.side_features = side_features
         if side_features:
             self.event_type = nn.Embedding(sizes.num_event_types, dim, padding_idx=0)
@@ -146,6 +177,8 @@ class TemporalEncoder(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.dropout = nn.Dropout(dropout)
         self.dim, self.heads, self.use_recency_bias = dim, heads, recency_bias
+        # One slope per head, from 1 (mostly the last hours) halving head by head; learned.
+        self.time_slopes = nn.Parameter(0.5 ** torch.arange(heads).float()) if time_bias else None
         nn.init.normal_(self.item.weight, std=dim**-0.5)
         with torch.no_grad():
             self.item.weight[0].zero_()
@@ -153,19 +186,38 @@ class TemporalEncoder(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         items = batch["item"]
         positions = torch.arange(items.shape[1], device=items.device)
-        x = self.item(items) * math.sqrt(self.dim) + self.position(positions)
+        x = self.item_vectors(items) * math.sqrt(self.dim) + self.position(positions)
         if self.side_features:
             x = x + self.event_type(batch["event_type"])
             x = x + self.numeric(torch.stack([batch["value"], batch["log_gap"]], dim=-1))
             for i, table in enumerate(self.attrs):
                 x = x + table(batch["client_attrs"][..., i])
         x = self.dropout(x) * (items > 0).unsqueeze(-1)
-        bias = None
-        if self.use_recency_bias:
-            bias = recency_bias(self.heads, items.shape[1], items.device)
+        bias = self.attention_bias(batch)
         for block in self.blocks:
             x = block(x, bias)
         return self.norm(x)
+
+    def item_vectors(self, item_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The vectors of item_ids (any shape), or [num_items, dim] for all: the item's own
+        embedding, plus its category's with item_category. Input and output share them."""
+        if self.category is None:
+            return self.item.weight if item_ids is None else self.item(item_ids)
+        if item_ids is None:
+            return self.item.weight + self.category(self.item_to_category)
+        return self.item(item_ids) + self.category(self.item_to_category[item_ids])
+
+    def attention_bias(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The additive attention bias every block uses: None (plain causal attention), the
+        recency bias [heads, t, t], or with time_bias a [b, heads, t, t] one; causal always."""
+        t, device = batch["item"].shape[1], batch["item"].device
+        if self.time_slopes is None:
+            return recency_bias(self.heads, t, device) if self.use_recency_bias else None
+        if self.use_recency_bias:
+            base = recency_bias(self.heads, t, device)
+        else:
+            base = causal_mask(t, device)
+        return base + time_gap_bias(batch["log_gap"], self.time_slopes)
 
 
 class NextItemHead(nn.Module):
@@ -199,7 +251,7 @@ class NextItemHead(nn.Module):
 
     def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[B, d] states -> [B, C] scores for item_ids ([C] or [B, C]); all items when None."""
-        table = self.encoder[0].item.weight
+        table = self.encoder[0].item_vectors()
         if item_ids is None:
             scores = states @ table.T + self.bias
             scores[:, 0] = float("-inf")  # never recommend padding
@@ -279,7 +331,7 @@ class SaleHead(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(3 * dim + 1, dim), nn.GELU(), nn.Linear(dim, 1))
 
     def logit(self, states, item_ids, log_dt=None) -> torch.Tensor:
-        item = self.encoder[0].item(item_ids)
+        item = self.encoder[0].item_vectors(item_ids)
         if log_dt is None:
             log_dt = torch.zeros(item_ids.shape, device=states.device)
         features = torch.cat([states, item, states * item, log_dt.unsqueeze(-1)], dim=-1)
@@ -333,13 +385,13 @@ def tied_targets(target_row: torch.Tensor, target_pos: torch.Tensor, target_item
 LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias": True,
                "exclude_seen": False, "recency_bias": False, "uniform_bce_weight": 0.0,
                "exclude_tied": False, "attention_dropout": None, "future_targets": 1,
-               "future_decay": 0.5}
+               "future_decay": 0.5, "time_bias": False, "item_category": False}
 
 
 # What makes two saved models the same network (besides vocabulary sizes): a warm start copies
 # weights only between equal architectures. Dropout, loss and loss weights may change.
 ARCHITECTURE = ("dim", "layers", "heads", "block", "ff_mult", "side_features", "recency_bias",
-                "item_bias")
+                "item_bias", "time_bias", "item_category")
 
 
 def architecture(model: dict) -> dict:
@@ -356,11 +408,13 @@ class CTSM(nn.Module):
                  loss="full", negatives=100, head_names=("next_item", "sale"),
                  block="residual", ff_mult=4, side_features=True, item_bias=True,
                  exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0, exclude_tied=False,
-                 attention_dropout=0.0, future_targets=1, future_decay=0.5):
+                 attention_dropout=0.0, future_targets=1, future_decay=0.5, time_bias=False,
+                 item_category=False):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
-                                       side_features, recency_bias, attention_dropout)
+                                       side_features, recency_bias, attention_dropout, time_bias,
+                                       item_category)
         built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias,
                                                    exclude_seen, uniform_bce_weight, exclude_tied,
                                                    future_targets, future_decay),

@@ -18,14 +18,19 @@ from hvd_ctsm import faults
 from hvd_ctsm.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.config import ConfigError, OptimConfig, TrainConfig
 from hvd_ctsm.data import model_sizes_kwargs
-from hvd_ctsm.dataset_meta import DatasetMeta, check_same_vocabulary
+from hvd_ctsm.dataset_meta import DatasetMeta, check_same_vocabulary, item_categories
 from hvd_ctsm.model import ModelSizes
 
 log = logging.getLogger("hvd_ctsm.train")
 
 
-def build_model_sizes(meta: DatasetMeta) -> ModelSizes:
-    return ModelSizes(**model_sizes_kwargs(meta))
+def build_model_sizes(meta: DatasetMeta, data_dir: str | None = None) -> ModelSizes:
+    """The model's sizes from the dataset's metadata; with data_dir, also its items'
+    categories (for model.item_category)."""
+    kwargs = model_sizes_kwargs(meta)
+    if data_dir is not None:
+        kwargs["item_category"] = item_categories(data_dir, meta)
+    return ModelSizes(**kwargs)
 
 
 def lr_scale(optim: OptimConfig, effective_batch: int) -> float:

@@ -50,7 +50,8 @@ def start_rank(cfg: TrainConfig) -> tuple[DatasetMeta, torch.device, CTSM]:
     if keep or (keep is None and device.type == "cpu"):
         keep_freed_memory()
     torch.manual_seed(cfg.seed)
-    model = CTSM.from_config(build_model_sizes(meta), asdict(cfg.model))
+    sizes = build_model_sizes(meta, cfg.data.path if cfg.model.item_category else None)
+    model = CTSM.from_config(sizes, asdict(cfg.model))
     return meta, device, model.to(device)
 
 

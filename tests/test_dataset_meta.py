@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from hvd_ctsm.dataset_meta import DatasetError, DatasetMeta, check_same_vocabulary, read_metadata
+from hvd_ctsm.dataset_meta import (DatasetError, DatasetMeta, check_same_vocabulary,
+                                   item_categories, read_metadata)
 from hvd_ctsm.schema import SCHEMA_VERSION
 
 
@@ -60,3 +61,17 @@ def test_the_vocabulary_check_reads_a_plain_copy_of_metadata_too(tmp_path):
     with pytest.raises(DatasetError, match="another vocabulary"):
         check_same_vocabulary({"vocab_sha256": "cd" * 32}, read_metadata(tmp_path), "the model",
                               tmp_path, "retrain")
+
+
+def test_item_categories_are_read_from_vocab_json_one_per_item(tmp_path):
+    write_meta(tmp_path, vocab={"items": 3})
+    meta = read_metadata(tmp_path)
+    (tmp_path / "vocab.json").write_text(json.dumps({"item_category": [0, 2, 1]}))
+    assert item_categories(tmp_path, meta) == [0, 2, 1]
+    for bad in ([0, 1], [0, 1, -1], [0, 1, "2"], None):
+        (tmp_path / "vocab.json").write_text(json.dumps({"item_category": bad}))
+        with pytest.raises(DatasetError, match="item_category is not one index per item"):
+            item_categories(tmp_path, meta)
+    (tmp_path / "vocab.json").unlink()
+    with pytest.raises(DatasetError, match="vocab.json is missing"):
+        item_categories(tmp_path, meta)

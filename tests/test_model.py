@@ -3,9 +3,12 @@
 import pytest
 import torch
 
-from hvd_ctsm.model import CTSM, ModelSizes, future_pairs, recency_bias, seen_items, tied_targets
+from hvd_ctsm.model import (CTSM, ModelSizes, future_pairs, recency_bias, seen_items, tied_targets,
+                            time_gap_bias)
 
-SIZES = ModelSizes(num_items=50, num_event_types=5, attr_sizes=[4, 3], max_len=12)
+CATEGORIES = [0] + [1 + i % 3 for i in range(49)]  # item 0 (padding) has none
+SIZES = ModelSizes(num_items=50, num_event_types=5, attr_sizes=[4, 3], max_len=12,
+                   item_category=CATEGORIES)
 
 
 def make_batch(b=3, t=12, seed=0):
@@ -31,6 +34,9 @@ ARCHS = {  # CTSM's variants (the default has a recency bias) and the SASRec-sty
     "gated": dict(block="gated", recency_bias=False),
     "residual": dict(block="residual", recency_bias=False),
     "recency": dict(block="residual", recency_bias=True),
+    "time": dict(block="residual", recency_bias=True, time_bias=True),
+    "time-only": dict(block="residual", recency_bias=False, time_bias=True),
+    "category": dict(block="residual", recency_bias=True, item_category=True),
     "sasrec": dict(block="residual", ff_mult=1, side_features=False, recency_bias=False),
 }
 
@@ -55,7 +61,7 @@ def test_changing_a_later_event_never_changes_earlier_states(field, arch):
     assert not torch.allclose(before[0, cut:], after[0, cut:], atol=1e-4)  # the change did act
 
 
-@pytest.mark.parametrize("arch", ["residual", "recency"])
+@pytest.mark.parametrize("arch", ["residual", "recency", "time"])
 def test_padding_does_not_change_valid_positions(arch):
     m = model(**ARCHS[arch])
     batch, lengths = make_batch()
@@ -75,6 +81,42 @@ def test_recency_bias_is_causal_and_falls_with_distance():
     assert torch.isneginf(bias[:, 1, 2:]).all() and torch.equal(bias[:, 3, 3], torch.zeros(2))
     assert (bias[:, 4, 1:5].diff(dim=-1) > 0).all()  # the nearer, the less penalty
     assert (bias[0, 4, :4] < bias[1, 4, :4]).all()  # the first head is the steepest
+
+
+def test_time_gap_bias_falls_with_the_hours_between_events():
+    hours = torch.tensor([[0.0, 1.0, 0.0, 100.0]])  # gaps since the previous event
+    bias = time_gap_bias(torch.log1p(hours), torch.tensor([1.0, 0.5]))
+    assert bias.shape == (1, 2, 4, 4)
+    assert torch.equal(bias[0, :, 2, 1], torch.zeros(2))  # same hour: no penalty
+    assert torch.allclose(bias[0, 0, 3, :3], -torch.log1p(torch.tensor([101.0, 100.0, 100.0])))
+    assert torch.allclose(bias[0, 1], bias[0, 0] / 2)  # each head its own slope
+    # The earlier rows read no later gap: changing the last gap leaves them as they were.
+    before = time_gap_bias(torch.log1p(hours), torch.ones(2))
+    later = time_gap_bias(torch.log1p(torch.tensor([[0.0, 1.0, 0.0, 5.0]])), torch.ones(2))
+    assert torch.equal(later[0, :, :3, :3], before[0, :, :3, :3])
+
+
+def test_item_category_adds_one_shared_vector_on_input_and_in_scoring():
+    m = model(item_category=True)
+    encoder = m.encoder
+    with torch.no_grad():
+        encoder.category.weight[1:] += 1.0
+    vectors = encoder.item_vectors()
+    shared = encoder.category.weight[torch.tensor(CATEGORIES)]
+    assert torch.allclose(vectors - encoder.item.weight, shared)
+    assert torch.equal(vectors[0], torch.zeros(16))  # padding stays zero
+    assert torch.equal(encoder.item_vectors(torch.tensor([[3, 0]])), vectors[[3, 0]][None])
+    states = torch.randn(2, 16)
+    expected = states @ vectors.T + m.heads["next_item"].bias
+    assert torch.allclose(m.score(states)[:, 1:], expected[:, 1:], atol=1e-6)
+    assert torch.allclose(m.score(states, torch.tensor([4, 7])), expected[:, [4, 7]], atol=1e-6)
+    saved = {"sizes": vars(SIZES), "model": m.state_dict(), "config": {"model": {
+        "dim": 16, "layers": 2, "heads": 2, "dropout": 0.0, "loss": "full", "negatives": 5,
+        "head_weights": {"next_item": 1.0, "sale": 0.3}, "item_category": True,
+        "block": "residual", "recency_bias": True}}}
+    assert torch.allclose(CTSM.from_checkpoint(saved).score(states), m.score(states))
+    with pytest.raises(ValueError, match="3 item categories for 50 items"):
+        CTSM(ModelSizes(50, 5, [], 12, item_category=[0, 1, 2]), item_category=True)
 
 
 def test_the_baseline_ignores_side_features_and_has_no_gates():
