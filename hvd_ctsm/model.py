@@ -119,9 +119,8 @@ def recency_bias(heads: int, t: int, device=None) -> torch.Tensor:
     one; future positions (j > i) get -inf."""
     slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=device) / heads)
     pos = torch.arange(t, device=device)
-    distance = (pos[:, None] - pos[None, :]).float()
-    bias = -slopes[:, None, None] * distance
-    return bias.masked_fill(distance < 0, float("-inf"))
+    distance = (pos[:, None] - pos[None, :]).float().clamp(min=0)
+    return -slopes[:, None, None] * distance + causal_mask(t, device)
 
 
 def causal_mask(t: int, device=None) -> torch.Tensor:
@@ -211,13 +210,15 @@ class TemporalEncoder(nn.Module):
         """The additive attention bias every block uses: None (plain causal attention), the
         recency bias [heads, t, t], or with time_bias a [b, heads, t, t] one; causal always."""
         t, device = batch["item"].shape[1], batch["item"].device
-        if self.time_slopes is None:
-            return recency_bias(self.heads, t, device) if self.use_recency_bias else None
         if self.use_recency_bias:
-            base = recency_bias(self.heads, t, device)
+            bias = recency_bias(self.heads, t, device)
+        elif self.time_slopes is None:
+            return None
         else:
-            base = causal_mask(t, device)
-        return base + time_gap_bias(batch["log_gap"], self.time_slopes)
+            bias = causal_mask(t, device)
+        if self.time_slopes is not None:
+            bias = bias + time_gap_bias(batch["log_gap"], self.time_slopes)
+        return bias
 
 
 class NextItemHead(nn.Module):
