@@ -139,7 +139,8 @@ def test_lower_layers_never_import_upward():
 # import its own layer and those below; a subpackage (tracking, distributed) is one module here.
 LAYERS = [
     {"hvd_ctsm", "schema", "atomic", "config", "config_types", "storage", "dataset_meta", "errors",
-     "outputs", "npy_codec", "metrics", "faults", "model", "weight_average", "distributed",
+     "outputs", "npy_codec", "metrics", "faults", "model", "heads",
+     "weight_average", "distributed",
      "spark_session", "cpu_memory"},
     {"data", "checkpoint", "run_folder", "evaluate", "topk", "tracking", "serving", "backtest"},
     {"trainer", "train_support", "elastic", "deploy", "gate"},

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from hvd_ctsm.model import (CTSM, ModelSizes, future_pairs, recency_bias, seen_items, tied_targets,
-                            time_gap_bias)
+from hvd_ctsm.heads import future_pairs, seen_items, tied_targets
+from hvd_ctsm.model import CTSM, ModelSizes, recency_bias, time_gap_bias
 
 CATEGORIES = [0] + [1 + i % 3 for i in range(49)]  # item 0 (padding) has none
 SIZES = ModelSizes(num_items=50, num_event_types=5, attr_sizes=[4, 3], max_len=12,
