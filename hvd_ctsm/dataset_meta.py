@@ -107,6 +107,27 @@ def item_categories(data_dir: str | Path, meta: DatasetMeta) -> list[int]:
     return categories
 
 
+def item_tags(data_dir: str | Path, meta: DatasetMeta) -> list[list[int]]:
+    """Each item's tag indices (genres, release year and decade) from the dataset's vocab.json,
+    checked; a dataset built before tags existed is refused with the fix."""
+    from hvd_ctsm import storage
+
+    path = storage.join(data_dir, "vocab.json")
+    try:
+        vocab = json.loads(storage.read_bytes(path))
+    except (FileNotFoundError, ValueError) as exc:
+        raise DatasetError(f"{path} is missing or not JSON ({exc}): {REBUILD}") from exc
+    tags, names = vocab.get("item_tags"), vocab.get("tags")
+    if tags is None or names is None:
+        raise DatasetError(f"{path} has no item tags (model.item_tags needs them): {REBUILD}")
+    if (not isinstance(tags, list) or len(tags) != meta.num_items
+            or not all(isinstance(t, list) and all(isinstance(i, int) and 0 < i < len(names)
+                                                   for i in t) for t in tags)):
+        raise DatasetError(f"{path}: item_tags is not a list of tag indices per item "
+                           f"({meta.num_items} items): {REBUILD}")
+    return tags
+
+
 def check_same_vocabulary(state: dict, meta: dict, what: str, data, fix: str) -> None:
     """A saved model or checkpoint (`state`) indexes items as the dataset (`meta`, read here or
     from a deployed copy of metadata.json) does: the same vocab.json bytes. The one check every

@@ -42,6 +42,8 @@ class ModelSizes:
     # Each item's category index (vocab.json's item_category, 0 = unknown), read for
     # model.item_category only; empty: no category known.
     item_category: list[int] = field(default_factory=list)
+    # Each item's tag indices (vocab.json's item_tags), read for model.item_tags only.
+    item_tags: list[list[int]] = field(default_factory=list)
 
 
 class GRUGate(nn.Module):
@@ -146,7 +148,7 @@ class TemporalEncoder(nn.Module):
     def __init__(self, sizes: ModelSizes, dim: int, layers: int, heads: int, dropout: float,
                  block: str = "residual", ff_mult: int = 4, side_features: bool = True,
                  recency_bias: bool = False, attention_dropout: float | None = None,
-                 time_bias: bool = False, item_category: bool = False):
+                 time_bias: bool = False, item_category: bool = False, item_tags: bool = False):
         super().__init__()
         if dim % heads:
             raise ValueError(f"model dim {dim} is not divisible by heads {heads}")
@@ -164,6 +166,9 @@ class TemporalEncoder(nn.Module):
             nn.init.normal_(self.category.weight, std=dim**-0.5)
             with torch.no_grad():
                 self.category.weight[0].zero_()
+        self.tags = None
+        if item_tags:  # an item's vector adds the mean of its tags' vectors
+            self._init_tags(sizes, dim)
         self.side_features = side_features
         if side_features:
             self.event_type = nn.Embedding(sizes.num_event_types, dim, padding_idx=0)
@@ -183,6 +188,23 @@ class TemporalEncoder(nn.Module):
         with torch.no_grad():
             self.item.weight[0].zero_()
 
+    def _init_tags(self, sizes: ModelSizes, dim: int) -> None:
+        """item_to_tags: [num_items, most tags] tag indices padded with 0; tag_share: 1 / each
+        item's number of tags (0 for none), so summing its tag vectors times it is their mean."""
+        lists = sizes.item_tags or [[] for _ in range(sizes.num_items)]
+        if len(lists) != sizes.num_items:
+            raise ValueError(f"tags for {len(lists)} items, the model has {sizes.num_items}")
+        width = max(1, max(map(len, lists)))
+        padded = torch.tensor([t + [0] * (width - len(t)) for t in lists], dtype=torch.long)
+        counts = torch.tensor([len(t) for t in lists], dtype=torch.float)
+        self.register_buffer("item_to_tags", padded, persistent=False)
+        self.register_buffer("tag_share", torch.where(counts > 0, 1 / counts.clamp(min=1), 0.0),
+                             persistent=False)
+        self.tags = nn.Embedding(int(padded.max()) + 1, dim, padding_idx=0)
+        nn.init.normal_(self.tags.weight, std=dim**-0.5)
+        with torch.no_grad():
+            self.tags.weight[0].zero_()
+
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         items = batch["item"]
         positions = torch.arange(items.shape[1], device=items.device)
@@ -200,12 +222,21 @@ class TemporalEncoder(nn.Module):
 
     def item_vectors(self, item_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The vectors of item_ids (any shape), or [num_items, dim] for all: the item's own
-        embedding, plus its category's with item_category. Input and output share them."""
-        if self.category is None:
+        embedding, plus its category's with item_category and its tags' mean with item_tags.
+        Input and output share them."""
+        if self.category is None and self.tags is None:
             return self.item.weight if item_ids is None else self.item(item_ids)
         if item_ids is None:
-            return self.item.weight + self.category(self.item_to_category)
-        return self.item(item_ids) + self.category(self.item_to_category[item_ids])
+            item_ids = torch.arange(self.item.num_embeddings, device=self.item.weight.device)
+            vectors = self.item.weight
+        else:
+            vectors = self.item(item_ids)
+        if self.category is not None:
+            vectors = vectors + self.category(self.item_to_category[item_ids])
+        if self.tags is not None:
+            shares = self.tag_share[item_ids].unsqueeze(-1)
+            vectors = vectors + self.tags(self.item_to_tags[item_ids]).sum(-2) * shares
+        return vectors
 
     def attention_bias(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The additive attention bias every block uses: None (plain causal attention), the
@@ -226,13 +257,14 @@ class TemporalEncoder(nn.Module):
 LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias": True,
                "exclude_seen": False, "recency_bias": False, "uniform_bce_weight": 0.0,
                "exclude_tied": False, "attention_dropout": None, "future_targets": 1,
-               "future_decay": 0.5, "time_bias": False, "item_category": False}
+               "future_decay": 0.5, "time_bias": False, "item_category": False,
+               "item_tags": False}
 
 
 # What makes two saved models the same network (besides vocabulary sizes): a warm start copies
 # weights only between equal architectures. Dropout, loss and loss weights may change.
 ARCHITECTURE = ("dim", "layers", "heads", "block", "ff_mult", "side_features", "recency_bias",
-                "item_bias", "time_bias", "item_category")
+                "item_bias", "time_bias", "item_category", "item_tags")
 
 
 def architecture(model: dict) -> dict:
@@ -250,12 +282,12 @@ class CTSM(nn.Module):
                  block="residual", ff_mult=4, side_features=True, item_bias=True,
                  exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0, exclude_tied=False,
                  attention_dropout=0.0, future_targets=1, future_decay=0.5, time_bias=False,
-                 item_category=False):
+                 item_category=False, item_tags=False):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
                                        side_features, recency_bias, attention_dropout, time_bias,
-                                       item_category)
+                                       item_category, item_tags)
         built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias,
                                                    exclude_seen, uniform_bce_weight, exclude_tied,
                                                    future_targets, future_decay),

@@ -18,18 +18,21 @@ from hvd_ctsm import faults
 from hvd_ctsm.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.config import ConfigError, OptimConfig, TrainConfig
 from hvd_ctsm.data import model_sizes_kwargs
-from hvd_ctsm.dataset_meta import DatasetMeta, check_same_vocabulary, item_categories
+from hvd_ctsm.dataset_meta import DatasetMeta, check_same_vocabulary, item_categories, item_tags
 from hvd_ctsm.model import ModelSizes
 
 log = logging.getLogger("hvd_ctsm.train")
 
 
-def build_model_sizes(meta: DatasetMeta, data_dir: str | None = None) -> ModelSizes:
-    """The model's sizes from the dataset's metadata; with data_dir, also its items'
-    categories (for model.item_category)."""
+def build_model_sizes(meta: DatasetMeta, data_dir: str | None = None, categories: bool = False,
+                      tags: bool = False) -> ModelSizes:
+    """The model's sizes from the dataset's metadata; from data_dir's vocab.json also its
+    items' categories (model.item_category) and tags (model.item_tags) when asked for."""
     kwargs = model_sizes_kwargs(meta)
-    if data_dir is not None:
+    if categories:
         kwargs["item_category"] = item_categories(data_dir, meta)
+    if tags:
+        kwargs["item_tags"] = item_tags(data_dir, meta)
     return ModelSizes(**kwargs)
 
 

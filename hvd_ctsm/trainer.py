@@ -50,7 +50,7 @@ def start_rank(cfg: TrainConfig) -> tuple[DatasetMeta, torch.device, CTSM]:
     if keep or (keep is None and device.type == "cpu"):
         keep_freed_memory()
     torch.manual_seed(cfg.seed)
-    sizes = build_model_sizes(meta, cfg.data.path if cfg.model.item_category else None)
+    sizes = build_model_sizes(meta, cfg.data.path, cfg.model.item_category, cfg.model.item_tags)
     model = CTSM.from_config(sizes, asdict(cfg.model))
     return meta, device, model.to(device)
 

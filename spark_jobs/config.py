@@ -70,7 +70,8 @@ class FeatureConfig:
     client_attrs: str | None = None
     """Optional client attributes for `events:` sources: client_id, timestamp, one column each."""
     item_attrs: str | None = None
-    """Optional item attributes for `events:` sources: item_id, category[, genres]."""
+    """Optional item attributes for `events:` sources: item_id, category[, genres ("|"-separated),
+    year (release year)]."""
     previous_vocab: str | None = None
     """vocab.json of a previous run: known ids keep their index, new ones are appended."""
     strict: bool = False

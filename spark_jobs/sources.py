@@ -3,7 +3,8 @@
 - events: client_id, item_id, timestamp, event_type, value (raw types; validate.py parses them)
 - client_attrs: long form client_id (string), timestamp (long, null = known from the start),
   name, value (string)
-- item_attrs: item_id (string), category (string), genres (string, "|"-separated)
+- item_attrs: item_id (string), category (string), genres (string, "|"-separated), year (int,
+  the release year; null = unknown)
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def movielens(spark, folder: str) -> Source:
     """MovieLens 100K: u.data ratings; u.user (age bucket, gender, occupation); u.item genres.
 
     u.user has no dates, so its attributes are known from the start (null timestamp). The item
-    category is the first genre flagged in u.item ("unknown" when none is); genres lists them all.
+    category is the first genre flagged in u.item ("unknown" when none is); genres lists them all;
+    year is the release date's year.
     """
     root = Path(folder)
     if not (root / "u.data").exists():
@@ -116,15 +118,17 @@ def movielens(spark, folder: str) -> Source:
         "|".join(g for g, on in zip(ML_GENRES, row, strict=True) if on) or "unknown"
         for row in flags
     ]
+    released = pd.to_datetime(items["release"], format="%d-%b-%Y", errors="coerce").dt.year
     item_attrs = spark.createDataFrame(
         pd.DataFrame(
             {
                 "item_id": items["item_id"],
                 "category": [g.split("|")[0] for g in genres],
                 "genres": genres,
+                "year": [None if pd.isna(y) else int(y) for y in released],
             }
         ),
-        "item_id string, category string, genres string",
+        "item_id string, category string, genres string, year int",
     )
     return Source(events, client_attrs, item_attrs)
 
@@ -256,10 +260,12 @@ def item_attrs_table(spark, path: str) -> DataFrame:
     genres = (
         F.col("genres").cast("string") if "genres" in df.columns else F.lit(None).cast("string")
     )
+    year = F.col("year").cast("int") if "year" in df.columns else F.lit(None).cast("int")
     return df.select(
         F.col("item_id").cast("string").alias("item_id"),
         F.col("category").cast("string").alias("category"),
         genres.alias("genres"),
+        year.alias("year"),
     )
 
 

@@ -43,9 +43,10 @@ def load_vocab(path: str | None) -> dict | None:
 
 
 def build_vocab(events: DataFrame, item_attrs, client_attrs, previous: dict | None) -> dict:
-    """vocab.json content: items, categories, item_category and client attribute values.
+    """vocab.json content: items, categories, item_category, tags, item_tags and client
+    attribute values.
 
-    events: validated events (item_id); item_attrs: item_id, category (or None);
+    events: validated events (item_id); item_attrs: item_id, category, genres[, year] (or None);
     client_attrs: long form client_id, timestamp, name, value (or None).
     """
     previous = previous or {}
@@ -70,6 +71,7 @@ def build_vocab(events: DataFrame, item_attrs, client_attrs, previous: dict | No
             item_category.append(cat_index[category_of[item]])
         else:  # an item absent from this run's attributes keeps its old category
             item_category.append(old_item_cat.get(item, 0))
+    tags, item_tags = build_item_tags(items, item_attrs, previous)
     attrs = dict(previous.get("attrs", {}))
     if client_attrs is not None:
         counts = client_attrs.groupBy("name", "value").count().collect()
@@ -83,8 +85,44 @@ def build_vocab(events: DataFrame, item_attrs, client_attrs, previous: dict | No
         "items": items,
         "categories": categories,
         "item_category": item_category,
+        "tags": tags,
+        "item_tags": item_tags,
         "attrs": attrs,
     }
+
+
+def item_tag_names(genres: str | None, year: int | None) -> list[str]:
+    """An item's tags: each of its "|"-separated genres ("genre:Drama") and, with a release
+    year, the year and its decade ("year:1995", "decade:1990s"); no repeats."""
+    names = [f"genre:{g}" for g in (genres or "").split("|") if g]
+    if year is not None:
+        names += [f"year:{year}", f"decade:{year // 10 * 10}s"]
+    return list(dict.fromkeys(names))
+
+
+def build_item_tags(items: list[str], item_attrs, previous: dict) -> tuple[list[str], list]:
+    """The tag vocabulary (index 0 = padding) and each item's tag indices (vocab.json `tags`
+    and `item_tags`, for model.item_tags). Known tags keep their index; an item absent from
+    this run's attributes keeps its old tags."""
+    tags_of = {}
+    if item_attrs is not None:
+        year = F.col("year") if "year" in item_attrs.columns else F.lit(None).cast("int")
+        rows = item_attrs.select("item_id", "genres", year.alias("year")).collect()
+        tags_of = {r["item_id"]: item_tag_names(r["genres"], r["year"]) for r in rows}
+    counts: dict[str, int] = {}
+    for item in items[1:]:
+        for name in tags_of.get(item, []):
+            counts[name] = counts.get(name, 0) + 1
+    tags = extend_vocab(previous.get("tags"), counts, PAD)
+    index = {name: i for i, name in enumerate(tags)}
+    old = dict(zip(previous.get("items", []), previous.get("item_tags", []), strict=False))
+    item_tags = [[]]
+    for item in items[1:]:
+        if item in tags_of:
+            item_tags.append([index[name] for name in tags_of[item]])
+        else:
+            item_tags.append(list(old.get(item, [])))
+    return tags, item_tags
 
 
 def vocab_bytes(vocab: dict) -> bytes:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from hvd_ctsm.dataset_meta import (DatasetError, DatasetMeta, check_same_vocabulary,
-                                   item_categories, read_metadata)
+                                   item_categories, item_tags, read_metadata)
 from hvd_ctsm.schema import SCHEMA_VERSION
 
 
@@ -75,3 +75,19 @@ def test_item_categories_are_read_from_vocab_json_one_per_item(tmp_path):
     (tmp_path / "vocab.json").unlink()
     with pytest.raises(DatasetError, match="vocab.json is missing"):
         item_categories(tmp_path, meta)
+
+
+def test_item_tags_are_read_from_vocab_json_and_an_older_dataset_is_refused(tmp_path):
+    write_meta(tmp_path, vocab={"items": 3})
+    meta = read_metadata(tmp_path)
+    names = ["<pad>", "genre:Drama", "year:1995"]
+    (tmp_path / "vocab.json").write_text(json.dumps({"tags": names,
+                                                     "item_tags": [[], [1, 2], []]}))
+    assert item_tags(tmp_path, meta) == [[], [1, 2], []]
+    for bad in ([[], [1]], [[], [1, 3], []], [[], [0], []], [[], 1, []], [[], ["1"], []]):
+        (tmp_path / "vocab.json").write_text(json.dumps({"tags": names, "item_tags": bad}))
+        with pytest.raises(DatasetError, match="item_tags is not a list of tag indices per item"):
+            item_tags(tmp_path, meta)
+    (tmp_path / "vocab.json").write_text(json.dumps({"item_category": [0, 1, 1]}))
+    with pytest.raises(DatasetError, match="has no item tags"):
+        item_tags(tmp_path, meta)

@@ -98,6 +98,9 @@ def test_ml100k_counts_as_the_data_set_states(ml_run):
     vocab = json.loads(raw)
     assert vocab["items"][0] == "<pad>" and len(vocab["items"]) == 1683
     assert len(vocab["item_category"]) == 1683 and vocab["item_category"][0] == 0
+    assert len(vocab["item_tags"]) == 1683 and vocab["item_tags"][0] == []
+    assert tag_names(vocab, "1") == ["genre:Animation", "genre:Children's", "genre:Comedy",
+                                     "year:1995", "decade:1990s"]  # Toy Story
     assert list(vocab["attrs"]) == ["age_bucket", "gender", "occupation"]
     assert all(v[0] == "<unknown>" for v in vocab["attrs"].values())
     assert len(vocab["attrs"]["occupation"]) == 22 and len(vocab["attrs"]["gender"]) == 3
@@ -160,6 +163,10 @@ def test_ml100k_row_groups_and_every_shard_has_rows(ml_run):
             assert sorted(seen) == sorted(r["client_id"] for r in rows[name])
 
 
+def tag_names(vocab: dict, item: str) -> list[str]:
+    return [vocab["tags"][t] for t in vocab["item_tags"][vocab["items"].index(item)]]
+
+
 def _events_table(path: Path, clients, items, bad_rows=()):
     rows = [
         (f"c{c}", f"i{items[(c + k) % len(items)]}", 1_000 + 100 * k + c, "purchase", 1.0)
@@ -189,9 +196,14 @@ def test_events_source_accounting_vocab_stability_and_asof(spark, tmp_path):
             "zone": ["", "", "north", "x"],
         }
     ).to_csv(tmp_path / "attrs.csv", index=False)
-    pd.DataFrame({"item_id": [f"i{i}" for i in range(1, 8)], "category": list("aabbbcc")}).to_csv(
-        tmp_path / "items.csv", index=False
-    )
+    pd.DataFrame(
+        {
+            "item_id": [f"i{i}" for i in range(1, 8)],
+            "category": list("aabbbcc"),
+            "genres": ["x|y", "y", None, "x", "y", "x", "z"],
+            "year": [1995, 1987, None, 2001, 1995, None, 1990],
+        }
+    ).to_csv(tmp_path / "items.csv", index=False)
     common = dict(
         client_attrs=str(tmp_path / "attrs.csv"),
         item_attrs=str(tmp_path / "items.csv"),
@@ -239,6 +251,11 @@ def test_events_source_accounting_vocab_stability_and_asof(spark, tmp_path):
     n = len(vocab1["items"])
     assert vocab2["items"][:n] == vocab1["items"] and sorted(vocab2["items"][n:]) == ["i6", "i7"]
     assert vocab2["item_category"][:n] == vocab1["item_category"]
+    assert vocab2["item_tags"][:n] == vocab1["item_tags"]  # tags keep their indices too
+    assert vocab2["tags"][: len(vocab1["tags"])] == vocab1["tags"]
+    assert tag_names(vocab1, "i1") == ["genre:x", "genre:y", "year:1995", "decade:1990s"]
+    assert tag_names(vocab1, "i3") == [] and "genre:z" not in vocab1["tags"]
+    assert tag_names(vocab2, "i7") == ["genre:z", "year:1990", "decade:1990s"]
     assert vocab2["categories"][: len(vocab1["categories"])] == vocab1["categories"]
     assert vocab2["attrs"]["tier"] == tier
     items2 = {

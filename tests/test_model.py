@@ -7,8 +7,11 @@ from hvd_ctsm.heads import future_pairs, seen_items, tied_targets
 from hvd_ctsm.model import CTSM, ModelSizes, recency_bias, time_gap_bias
 
 CATEGORIES = [0] + [1 + i % 3 for i in range(49)]  # item 0 (padding) has none
+# Tags: item i has tag 1 + i % 4, also tag 5 when i is even, none when i % 7 == 0.
+TAGS = [[]] + [[] if i % 7 == 0 else [1 + i % 4] + ([5] if i % 2 == 0 else [])
+               for i in range(1, 50)]
 SIZES = ModelSizes(num_items=50, num_event_types=5, attr_sizes=[4, 3], max_len=12,
-                   item_category=CATEGORIES)
+                   item_category=CATEGORIES, item_tags=TAGS)
 
 
 def make_batch(b=3, t=12, seed=0):
@@ -37,6 +40,7 @@ ARCHS = {  # CTSM's variants (the default has a recency bias) and the SASRec-sty
     "time": dict(block="residual", recency_bias=True, time_bias=True),
     "time-only": dict(block="residual", recency_bias=False, time_bias=True),
     "category": dict(block="residual", recency_bias=True, item_category=True),
+    "tags": dict(block="residual", recency_bias=True, item_tags=True),
     "sasrec": dict(block="residual", ff_mult=1, side_features=False, recency_bias=False),
 }
 
@@ -117,6 +121,30 @@ def test_item_category_adds_one_shared_vector_on_input_and_in_scoring():
     assert torch.allclose(CTSM.from_checkpoint(saved).score(states), m.score(states))
     with pytest.raises(ValueError, match="3 item categories for 50 items"):
         CTSM(ModelSizes(50, 5, [], 12, item_category=[0, 1, 2]), item_category=True)
+
+
+def test_item_tags_add_the_mean_of_their_vectors_on_input_and_in_scoring():
+    m = model(item_tags=True)
+    encoder = m.encoder
+    with torch.no_grad():
+        encoder.tags.weight[1:] += 1.0
+    vectors = encoder.item_vectors()
+    table = encoder.tags.weight
+    for i in (0, 7, 3, 4):  # padding, no tags, one tag, two tags
+        expected = sum(table[t] for t in TAGS[i]) / len(TAGS[i]) if TAGS[i] else torch.zeros(16)
+        assert torch.allclose(vectors[i] - encoder.item.weight[i], expected, atol=1e-6)
+    assert torch.equal(vectors[0], torch.zeros(16))  # padding stays zero
+    assert torch.allclose(encoder.item_vectors(torch.tensor([[4, 0]])), vectors[[4, 0]][None])
+    states = torch.randn(2, 16)
+    expected = states @ vectors.T + m.heads["next_item"].bias
+    assert torch.allclose(m.score(states)[:, 1:], expected[:, 1:], atol=1e-6)
+    saved = {"sizes": vars(SIZES), "model": m.state_dict(), "config": {"model": {
+        "dim": 16, "layers": 2, "heads": 2, "dropout": 0.0, "loss": "full", "negatives": 5,
+        "head_weights": {"next_item": 1.0, "sale": 0.3}, "item_tags": True,
+        "block": "residual", "recency_bias": True}}}
+    assert torch.allclose(CTSM.from_checkpoint(saved).score(states), m.score(states))
+    with pytest.raises(ValueError, match="tags for 2 items, the model has 50"):
+        CTSM(ModelSizes(50, 5, [], 12, item_tags=[[], [1]]), item_tags=True)
 
 
 def test_the_baseline_ignores_side_features_and_has_no_gates():
