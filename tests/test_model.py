@@ -100,6 +100,20 @@ def test_time_gap_bias_falls_with_the_hours_between_events():
     assert torch.equal(later[0, :, :3, :3], before[0, :, :3, :3])
 
 
+def assert_scoring_uses_the_input_vectors_and_reloads(m, vectors, option: str):
+    """Scores are dot products with the same item vectors the input reads (plus the item
+    bias), for all items and for given ones, and a saved model with `option` on reloads them."""
+    states = torch.randn(2, 16)
+    expected = states @ vectors.T + m.heads["next_item"].bias
+    assert torch.allclose(m.score(states)[:, 1:], expected[:, 1:], atol=1e-6)
+    assert torch.allclose(m.score(states, torch.tensor([4, 7])), expected[:, [4, 7]], atol=1e-6)
+    saved = {"sizes": vars(SIZES), "model": m.state_dict(), "config": {"model": {
+        "dim": 16, "layers": 2, "heads": 2, "dropout": 0.0, "loss": "full", "negatives": 5,
+        "head_weights": {"next_item": 1.0, "sale": 0.3}, option: True,
+        "block": "residual", "recency_bias": True}}}
+    assert torch.allclose(CTSM.from_checkpoint(saved).score(states), m.score(states))
+
+
 def test_item_category_adds_one_shared_vector_on_input_and_in_scoring():
     m = model(item_category=True)
     encoder = m.encoder
@@ -110,15 +124,7 @@ def test_item_category_adds_one_shared_vector_on_input_and_in_scoring():
     assert torch.allclose(vectors - encoder.item.weight, shared)
     assert torch.equal(vectors[0], torch.zeros(16))  # padding stays zero
     assert torch.equal(encoder.item_vectors(torch.tensor([[3, 0]])), vectors[[3, 0]][None])
-    states = torch.randn(2, 16)
-    expected = states @ vectors.T + m.heads["next_item"].bias
-    assert torch.allclose(m.score(states)[:, 1:], expected[:, 1:], atol=1e-6)
-    assert torch.allclose(m.score(states, torch.tensor([4, 7])), expected[:, [4, 7]], atol=1e-6)
-    saved = {"sizes": vars(SIZES), "model": m.state_dict(), "config": {"model": {
-        "dim": 16, "layers": 2, "heads": 2, "dropout": 0.0, "loss": "full", "negatives": 5,
-        "head_weights": {"next_item": 1.0, "sale": 0.3}, "item_category": True,
-        "block": "residual", "recency_bias": True}}}
-    assert torch.allclose(CTSM.from_checkpoint(saved).score(states), m.score(states))
+    assert_scoring_uses_the_input_vectors_and_reloads(m, vectors, "item_category")
     with pytest.raises(ValueError, match="3 item categories for 50 items"):
         CTSM(ModelSizes(50, 5, [], 12, item_category=[0, 1, 2]), item_category=True)
 
@@ -135,14 +141,7 @@ def test_item_tags_add_the_mean_of_their_vectors_on_input_and_in_scoring():
         assert torch.allclose(vectors[i] - encoder.item.weight[i], expected, atol=1e-6)
     assert torch.equal(vectors[0], torch.zeros(16))  # padding stays zero
     assert torch.allclose(encoder.item_vectors(torch.tensor([[4, 0]])), vectors[[4, 0]][None])
-    states = torch.randn(2, 16)
-    expected = states @ vectors.T + m.heads["next_item"].bias
-    assert torch.allclose(m.score(states)[:, 1:], expected[:, 1:], atol=1e-6)
-    saved = {"sizes": vars(SIZES), "model": m.state_dict(), "config": {"model": {
-        "dim": 16, "layers": 2, "heads": 2, "dropout": 0.0, "loss": "full", "negatives": 5,
-        "head_weights": {"next_item": 1.0, "sale": 0.3}, "item_tags": True,
-        "block": "residual", "recency_bias": True}}}
-    assert torch.allclose(CTSM.from_checkpoint(saved).score(states), m.score(states))
+    assert_scoring_uses_the_input_vectors_and_reloads(m, vectors, "item_tags")
     with pytest.raises(ValueError, match="tags for 2 items, the model has 50"):
         CTSM(ModelSizes(50, 5, [], 12, item_tags=[[], [1]]), item_tags=True)
 
