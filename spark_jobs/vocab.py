@@ -54,23 +54,11 @@ def build_vocab(events: DataFrame, item_attrs, client_attrs, previous: dict | No
     category_of = {}
     if item_attrs is not None:
         rows = item_attrs.filter(F.col("category").isNotNull()).select("item_id", "category")
-        category_of = {r["item_id"]: r["category"] for r in rows.collect()}
-    old_item_cat = dict(
-        zip(previous.get("items", []), previous.get("item_category", []), strict=False)
-    )
-    old_cats = previous.get("categories")
-    used_cats = {}
-    for item in items[1:]:
-        if item in category_of:
-            used_cats[category_of[item]] = used_cats.get(category_of[item], 0) + 1
-    categories = extend_vocab(old_cats, used_cats, PAD)
-    cat_index = {c: i for i, c in enumerate(categories)}
-    item_category = [0]
-    for item in items[1:]:
-        if item in category_of:
-            item_category.append(cat_index[category_of[item]])
-        else:  # an item absent from this run's attributes keeps its old category
-            item_category.append(old_item_cat.get(item, 0))
+        category_of = {r["item_id"]: [r["category"]] for r in rows.collect()}
+    old_categories = [[c] if c else [] for c in previous.get("item_category", [])]
+    categories, labels = index_item_labels(
+        items, category_of, previous.get("categories"), previous.get("items", []), old_categories)
+    item_category = [label[0] if label else 0 for label in labels]
     tags, item_tags = build_item_tags(items, item_attrs, previous)
     attrs = dict(previous.get("attrs", {}))
     if client_attrs is not None:
@@ -109,20 +97,29 @@ def build_item_tags(items: list[str], item_attrs, previous: dict) -> tuple[list[
         year = F.col("year") if "year" in item_attrs.columns else F.lit(None).cast("int")
         rows = item_attrs.select("item_id", "genres", year.alias("year")).collect()
         tags_of = {r["item_id"]: item_tag_names(r["genres"], r["year"]) for r in rows}
+    return index_item_labels(items, tags_of, previous.get("tags"), previous.get("items", []),
+                             previous.get("item_tags", []))
+
+
+def index_item_labels(items: list[str], labels_of: dict[str, list[str]], names: list | None,
+                      previous_items: list[str], previous_labels: list) -> tuple[list[str], list]:
+    """A label vocabulary (index 0 = padding; previous `names` keep their index, new labels
+    follow by how many items carry them) and each item's label indices. An item absent from
+    `labels_of` keeps its labels of the previous run (previous_items, previous_labels)."""
     counts: dict[str, int] = {}
     for item in items[1:]:
-        for name in tags_of.get(item, []):
+        for name in labels_of.get(item, []):
             counts[name] = counts.get(name, 0) + 1
-    tags = extend_vocab(previous.get("tags"), counts, PAD)
-    index = {name: i for i, name in enumerate(tags)}
-    old = dict(zip(previous.get("items", []), previous.get("item_tags", []), strict=False))
-    item_tags = [[]]
+    vocab = extend_vocab(names, counts, PAD)
+    index = {name: i for i, name in enumerate(vocab)}
+    old = dict(zip(previous_items, previous_labels, strict=False))
+    per_item = [[]]
     for item in items[1:]:
-        if item in tags_of:
-            item_tags.append([index[name] for name in tags_of[item]])
+        if item in labels_of:
+            per_item.append([index[name] for name in labels_of[item]])
         else:
-            item_tags.append(list(old.get(item, [])))
-    return tags, item_tags
+            per_item.append(list(old.get(item, [])))
+    return vocab, per_item
 
 
 def vocab_bytes(vocab: dict) -> bytes:
