@@ -91,15 +91,21 @@ def check_fields(meta: dict, path: str) -> None:
                                f"(a damaged or hand-edited file): {REBUILD}")
 
 
-def item_categories(data_dir: str | Path, meta: DatasetMeta) -> list[int]:
-    """Each item's category index from the dataset's vocab.json (0 = unknown), checked."""
+def read_vocab(data_dir: str | Path) -> tuple[str, dict]:
+    """The dataset's vocab.json (its path, its content); missing or not JSON: refused."""
     from hvd_ctsm import storage
 
     path = storage.join(data_dir, "vocab.json")
     try:
-        categories = json.loads(storage.read_bytes(path)).get("item_category")
+        return path, json.loads(storage.read_bytes(path))
     except (FileNotFoundError, ValueError) as exc:
         raise DatasetError(f"{path} is missing or not JSON ({exc}): {REBUILD}") from exc
+
+
+def item_categories(data_dir: str | Path, meta: DatasetMeta) -> list[int]:
+    """Each item's category index from the dataset's vocab.json (0 = unknown), checked."""
+    path, vocab = read_vocab(data_dir)
+    categories = vocab.get("item_category")
     if (not isinstance(categories, list) or len(categories) != meta.num_items
             or not all(isinstance(c, int) and c >= 0 for c in categories)):
         raise DatasetError(f"{path}: item_category is not one index per item "
@@ -110,13 +116,7 @@ def item_categories(data_dir: str | Path, meta: DatasetMeta) -> list[int]:
 def item_tags(data_dir: str | Path, meta: DatasetMeta) -> list[list[int]]:
     """Each item's tag indices (genres, release year and decade) from the dataset's vocab.json,
     checked; a dataset built before tags existed is refused with the fix."""
-    from hvd_ctsm import storage
-
-    path = storage.join(data_dir, "vocab.json")
-    try:
-        vocab = json.loads(storage.read_bytes(path))
-    except (FileNotFoundError, ValueError) as exc:
-        raise DatasetError(f"{path} is missing or not JSON ({exc}): {REBUILD}") from exc
+    path, vocab = read_vocab(data_dir)
     tags, names = vocab.get("item_tags"), vocab.get("tags")
     if tags is None or names is None:
         raise DatasetError(f"{path} has no item tags (model.item_tags needs them): {REBUILD}")
