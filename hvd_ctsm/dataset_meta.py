@@ -114,7 +114,7 @@ def item_categories(data_dir: str | Path, meta: DatasetMeta) -> list[int]:
 
 
 def item_tags(data_dir: str | Path, meta: DatasetMeta) -> list[list[int]]:
-    """Each item's tag indices (genres, release year and decade) from the dataset's vocab.json,
+    """Each item's tag indices (genres, release-year era) from the dataset's vocab.json,
     checked; a dataset built before tags existed is refused with the fix."""
     path, vocab = read_vocab(data_dir)
     tags, names = vocab.get("item_tags"), vocab.get("tags")

@@ -247,6 +247,8 @@ def generate_attrs_part(params: SyntheticParams, part: int) -> pd.DataFrame:
 
 def synthetic_source(spark, params: SyntheticParams):
     """(events, client attributes, item attributes) DataFrames of the synthetic source."""
+    from pyspark.sql import functions as F  # here, so that the generator itself needs no Spark
+
     catalog = item_catalog(params)
     parts = spark.range(0, params.n_parts, 1, params.n_parts)
 
@@ -273,5 +275,5 @@ def synthetic_source(spark, params: SyntheticParams):
     return (
         parts.mapInPandas(events, EVENTS_SCHEMA),
         parts.mapInPandas(attrs, ATTRS_SCHEMA),
-        spark.createDataFrame(item_attrs),
+        spark.createDataFrame(item_attrs).withColumn("year", F.lit(None).cast("int")),  # no years
     )

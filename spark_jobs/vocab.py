@@ -6,6 +6,7 @@ from a previous run keeps every known row of its embedding tables.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 from pathlib import Path
@@ -59,7 +60,7 @@ def build_vocab(events: DataFrame, item_attrs, client_attrs, previous: dict | No
     categories, labels = index_item_labels(
         items, category_of, previous.get("categories"), previous.get("items", []), old_categories)
     item_category = [label[0] if label else 0 for label in labels]
-    tags, item_tags = build_item_tags(items, item_attrs, previous)
+    tags, item_tags, edges = build_item_tags(items, item_attrs, previous)
     attrs = dict(previous.get("attrs", {}))
     if client_attrs is not None:
         counts = client_attrs.groupBy("name", "value").count().collect()
@@ -75,30 +76,57 @@ def build_vocab(events: DataFrame, item_attrs, client_attrs, previous: dict | No
         "item_category": item_category,
         "tags": tags,
         "item_tags": item_tags,
+        "year_edges": edges,
         "attrs": attrs,
     }
 
 
-def item_tag_names(genres: str | None, year: int | None) -> list[str]:
+# Release years become about this many eras of equal item counts (fewer where one year holds many
+# items): an exact year is too rare a tag to learn from, a decade too coarse for recent catalogs.
+YEAR_ERAS = 10
+
+
+def year_edges(years: list[int], eras: int = YEAR_ERAS) -> list[int]:
+    """The first year of every era but the oldest: quantiles of the known release years."""
+    ordered = sorted(years)
+    if not ordered:
+        return []
+    return sorted({ordered[len(ordered) * k // eras] for k in range(1, eras)} - {ordered[0]})
+
+
+def era_name(year: int, edges: list[int]) -> str:
+    """The tag of year's era: "years:1994", "years:1968..1989", open ended at both extremes
+    ("years:..1967", "years:1997..")."""
+    era = bisect.bisect_right(edges, year)
+    first = str(edges[era - 1]) if era > 0 else ""
+    last = str(edges[era] - 1) if era < len(edges) else ""
+    return f"years:{first}" if first and first == last else f"years:{first}..{last}"
+
+
+def item_tag_names(genres: str | None, year: int | None, edges: list[int]) -> list[str]:
     """An item's tags: each of its "|"-separated genres ("genre:Drama") and, with a release
-    year, the year and its decade ("year:1995", "decade:1990s"); no repeats."""
+    year, its era (era_name); no repeats."""
     names = [f"genre:{g}" for g in (genres or "").split("|") if g]
     if year is not None:
-        names += [f"year:{year}", f"decade:{year // 10 * 10}s"]
+        names.append(era_name(year, edges))
     return list(dict.fromkeys(names))
 
 
-def build_item_tags(items: list[str], item_attrs, previous: dict) -> tuple[list[str], list]:
-    """The tag vocabulary (index 0 = padding) and each item's tag indices (vocab.json `tags`
-    and `item_tags`, for model.item_tags). Known tags keep their index; an item absent from
-    this run's attributes keeps its old tags."""
-    tags_of = {}
+def build_item_tags(items: list[str], item_attrs, previous: dict) -> tuple[list, list, list]:
+    """The tag vocabulary (index 0 = padding), each item's tag indices and the year edges of
+    the eras (vocab.json `tags`, `item_tags`, `year_edges`; for model.item_tags). Known tags
+    keep their index and a retrain keeps the previous eras; an item absent from this run's
+    attributes keeps its old tags."""
+    rows = []
     if item_attrs is not None:
-        year = F.col("year") if "year" in item_attrs.columns else F.lit(None).cast("int")
-        rows = item_attrs.select("item_id", "genres", year.alias("year")).collect()
-        tags_of = {r["item_id"]: item_tag_names(r["genres"], r["year"]) for r in rows}
-    return index_item_labels(items, tags_of, previous.get("tags"), previous.get("items", []),
-                             previous.get("item_tags", []))
+        rows = item_attrs.select("item_id", "genres", "year").collect()
+    edges = previous.get("year_edges")
+    if edges is None:
+        edges = year_edges([r["year"] for r in rows if r["year"] is not None])
+    tags_of = {r["item_id"]: item_tag_names(r["genres"], r["year"], edges) for r in rows}
+    tags, item_tags = index_item_labels(items, tags_of, previous.get("tags"),
+                                        previous.get("items", []), previous.get("item_tags", []))
+    return tags, item_tags, edges
 
 
 def index_item_labels(items: list[str], labels_of: dict[str, list[str]], names: list | None,

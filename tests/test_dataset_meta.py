@@ -80,7 +80,7 @@ def test_item_categories_are_read_from_vocab_json_one_per_item(tmp_path):
 def test_item_tags_are_read_from_vocab_json_and_an_older_dataset_is_refused(tmp_path):
     write_meta(tmp_path, vocab={"items": 3})
     meta = read_metadata(tmp_path)
-    names = ["<pad>", "genre:Drama", "year:1995"]
+    names = ["<pad>", "genre:Drama", "years:1995"]
     (tmp_path / "vocab.json").write_text(json.dumps({"tags": names,
                                                      "item_tags": [[], [1, 2], []]}))
     assert item_tags(tmp_path, meta) == [[], [1, 2], []]

@@ -100,7 +100,8 @@ def test_ml100k_counts_as_the_data_set_states(ml_run):
     assert len(vocab["item_category"]) == 1683 and vocab["item_category"][0] == 0
     assert len(vocab["item_tags"]) == 1683 and vocab["item_tags"][0] == []
     assert tag_names(vocab, "1") == ["genre:Animation", "genre:Children's", "genre:Comedy",
-                                     "year:1995", "decade:1990s"]  # Toy Story
+                                     "years:1995"]  # Toy Story
+    assert vocab["year_edges"] == [1968, 1990, 1993, 1994, 1995, 1996, 1997]
     assert list(vocab["attrs"]) == ["age_bucket", "gender", "occupation"]
     assert all(v[0] == "<unknown>" for v in vocab["attrs"].values())
     assert len(vocab["attrs"]["occupation"]) == 22 and len(vocab["attrs"]["gender"]) == 3
@@ -253,9 +254,10 @@ def test_events_source_accounting_vocab_stability_and_asof(spark, tmp_path):
     assert vocab2["item_category"][:n] == vocab1["item_category"]
     assert vocab2["item_tags"][:n] == vocab1["item_tags"]  # tags keep their indices too
     assert vocab2["tags"][: len(vocab1["tags"])] == vocab1["tags"]
-    assert tag_names(vocab1, "i1") == ["genre:x", "genre:y", "year:1995", "decade:1990s"]
+    assert vocab1["year_edges"] == vocab2["year_edges"] == [1990, 1995, 2001]  # eras are kept
+    assert tag_names(vocab1, "i1") == ["genre:x", "genre:y", "years:1995..2000"]
     assert tag_names(vocab1, "i3") == [] and "genre:z" not in vocab1["tags"]
-    assert tag_names(vocab2, "i7") == ["genre:z", "year:1990", "decade:1990s"]
+    assert tag_names(vocab2, "i7") == ["genre:z", "years:1990..1994"]
     assert vocab2["categories"][: len(vocab1["categories"])] == vocab1["categories"]
     assert vocab2["attrs"]["tier"] == tier
     items2 = {

@@ -11,7 +11,7 @@ import pytest
 from hvd_ctsm.schema import EVENT_TYPE_INDEX, log_hours
 from spark_jobs.config import FeatureConfig, parse_time
 from spark_jobs.sequences import client_examples
-from spark_jobs.vocab import extend_vocab
+from spark_jobs.vocab import era_name, extend_vocab, item_tag_names, year_edges
 
 
 def client_frame(ts, roles, items=None, n_attrs=1):
@@ -160,6 +160,21 @@ def test_extend_vocab_keeps_old_indices_and_appends_by_frequency():
     assert new == ["<pad>", "b", "a", "d", "c", "e"]
     with pytest.raises(ValueError):
         extend_vocab(["x"], {}, "<pad>")
+
+
+def test_release_years_become_eras_of_about_equal_size():
+    years = [1950, 1960, 1970, 1980] + [1995] * 4 + [1996, 1997]
+    edges = year_edges(years, eras=5)
+    assert edges == [1970, 1995, 1996]  # a year never splits: 1995 is one era, not two
+    assert [era_name(y, edges) for y in (1922, 1969, 1970, 1994, 1995, 1996, 2030)] == [
+        "years:..1969", "years:..1969", "years:1970..1994", "years:1970..1994",
+        "years:1995", "years:1996..", "years:1996.."]
+    assert year_edges([]) == [] and year_edges([2001] * 5) == []
+    assert era_name(2001, []) == "years:.."  # one era: the tag says only "the year is known"
+    assert item_tag_names("Drama|Crime|Drama", 1995, [1990]) == [
+        "genre:Drama", "genre:Crime", "years:1990.."]
+    assert item_tag_names(None, None, [1990]) == [] and item_tag_names("", 1980, []) == [
+        "years:.."]
 
 
 def test_config_validation_and_time_parsing():
