@@ -119,7 +119,8 @@ def item_tags(data_dir: str | Path, meta: DatasetMeta) -> list[list[int]]:
     path, vocab = read_vocab(data_dir)
     tags, names = vocab.get("item_tags"), vocab.get("tags")
     if tags is None or names is None:
-        raise DatasetError(f"{path} has no item tags (model.item_tags needs them): {REBUILD}")
+        raise DatasetError(f"{path} has no item tags (model.item_tags needs them): "
+                           f"{REBUILD}, or set model.item_tags=false")
     if (not isinstance(tags, list) or len(tags) != meta.num_items
             or not all(isinstance(t, list) and all(isinstance(i, int) and 0 < i < len(names)
                                                    for i in t) for t in tags)):

@@ -88,6 +88,9 @@ def test_presets_are_overrides_of_the_dataclass_defaults():
     sasrec = load_config("sasrec")
     assert sasrec.epochs == 200 != TrainConfig().epochs and sasrec.model.dim == 50
     assert sasrec.dist == TrainConfig().dist  # what the preset leaves out keeps its default
+    # the baseline reads items and positions only; the default also reads the items' tags
+    assert TrainConfig().model.item_tags and not sasrec.model.item_tags
+    assert not sasrec.model.side_features and not sasrec.model.item_category
     assert set(preset_names()) >= {"default", "ml100k", "sasrec"}
 
 
