@@ -82,7 +82,8 @@ def build_vocab(events: DataFrame, item_attrs, client_attrs, previous: dict | No
 
 
 # Release years become about this many eras of equal item counts (fewer where one year holds many
-# items): an exact year is too rare a tag to learn from, a decade too coarse for recent catalogs.
+# items). Exact years with their decades (about 70 tags on ML-100K, most on a few items) validated
+# lower than these eras (README, Quality).
 YEAR_ERAS = 10
 
 
