@@ -121,9 +121,9 @@ def build_item_tags(items: list[str], item_attrs, previous: dict) -> tuple[list,
     rows = []
     if item_attrs is not None:
         rows = item_attrs.select("item_id", "genres", "year").collect()
-    edges = previous.get("year_edges")
-    if edges is None:
-        edges = year_edges([r["year"] for r in rows if r["year"] is not None])
+    # a retrain keeps the eras; a previous run without years set none, so this run may
+    edges = previous.get("year_edges") or year_edges(
+        [r["year"] for r in rows if r["year"] is not None])
     tags_of = {r["item_id"]: item_tag_names(r["genres"], r["year"], edges) for r in rows}
     tags, item_tags = index_item_labels(items, tags_of, previous.get("tags"),
                                         previous.get("items", []), previous.get("item_tags", []))
