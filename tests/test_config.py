@@ -47,12 +47,12 @@ def test_override_values_get_their_fields_declared_types():
     """YAML 1.1 reads `1e-3` as a string; the field says float, so it is one."""
     cfg = load_config("default", ["optim.lr=1e-3", "dist.fusion_threshold_mb=null",
                                   "dist.cycle_time_ms=5", "dist.sleeping_wait=true",
-                                  "model.head_weights={next_item: 1, sale: 0.5}"])
+                                  "model.head_weights={next_item: 1, sale: 0.25}"])
     assert cfg.optim.lr == 0.001 and type(cfg.optim.lr) is float
     assert cfg.dist.fusion_threshold_mb is None
     assert cfg.dist.cycle_time_ms == 5.0 and type(cfg.dist.cycle_time_ms) is float
     assert cfg.dist.sleeping_wait is True
-    assert cfg.model.head_weights == {"next_item": 1.0, "sale": 0.5}
+    assert cfg.model.head_weights == {"next_item": 1.0, "sale": 0.25}
     assert all(type(w) is float for w in cfg.model.head_weights.values())
 
 
@@ -91,6 +91,9 @@ def test_presets_are_overrides_of_the_dataclass_defaults():
     # the baseline reads items and positions only; the default also reads the items' tags
     assert TrainConfig().model.item_tags and not sasrec.model.item_tags
     assert not sasrec.model.side_features and not sasrec.model.item_category
+    # the default trains the p(sale) head beside next-item; the baseline has no sale head
+    assert TrainConfig().model.head_weights == {"next_item": 1.0, "sale": 0.5}
+    assert sasrec.model.head_weights == {"next_item": 1.0}
     assert set(preset_names()) >= {"default", "ml100k", "sasrec"}
 
 

@@ -109,7 +109,7 @@ def assert_scoring_uses_the_input_vectors_and_reloads(m, vectors, option: str):
     assert torch.allclose(m.score(states, torch.tensor([4, 7])), expected[:, [4, 7]], atol=1e-6)
     saved = {"sizes": vars(SIZES), "model": m.state_dict(), "config": {"model": {
         "dim": 16, "layers": 2, "heads": 2, "dropout": 0.0, "loss": "full", "negatives": 5,
-        "head_weights": {"next_item": 1.0, "sale": 0.3}, option: True,
+        "head_weights": {"next_item": 1.0, "sale": 0.5}, option: True,
         "block": "residual", "recency_bias": True}}}
     assert torch.allclose(CTSM.from_checkpoint(saved).score(states), m.score(states))
 
