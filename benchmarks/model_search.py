@@ -88,7 +88,7 @@ def validation_curve(out: Path) -> list[dict]:
 
 
 def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: int,
-              seed: int) -> dict:
+              seed: int, data_name: str | None = None) -> dict:
     from hvd_ctsm.backtest import run_backtest
 
     out = work / f"{name}-s{seed}"
@@ -103,7 +103,7 @@ def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: in
     return {
         "trial": name, "seed": seed, "ranks": ranks, "overrides": overrides,
         "config": saved_config(out),
-        "data": data.name, "epochs_run": epochs, "seconds": round(seconds, 1),
+        "data": data_name or data.name, "epochs_run": epochs, "seconds": round(seconds, 1),
         "seconds_per_epoch": round(seconds / max(epochs, 1), 2),
         "best_epoch": best["epoch"], "model_epoch": summary.get("model_epoch"),
         "val": {"ndcg@10": best["full"]["ndcg@10"], "hr@10": best["full"]["hr@10"],
@@ -179,6 +179,8 @@ def parse_trial(text: str) -> tuple[str, list[str]]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, help="feature job output folder")
+    p.add_argument("--data-name", help="the data's name in the log (default: the folder's); the "
+                   "quality report matches trials by it, so a rebuilt protocol keeps its name")
     p.add_argument("--trial", action="append", default=[], help="NAME=OVERRIDES (repeatable)")
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--seeds", default="0")
@@ -189,7 +191,8 @@ def main(argv=None) -> int:
     for text in args.trial:
         name, overrides = parse_trial(text)
         for seed in (int(s) for s in args.seeds.split(",")):
-            record = run_trial(args.data, args.work, name, overrides, args.ranks, seed)
+            record = run_trial(args.data, args.work, name, overrides, args.ranks, seed,
+                               args.data_name)
             with open(LOG, "a") as f:
                 f.write(json.dumps(record) + "\n")
             print(json.dumps({k: record[k] for k in ("trial", "seed", "val", "test")}), flush=True)
