@@ -123,7 +123,7 @@ class ModelConfig:
     ML-100K input order 0.129 / 0.519 against 0.125 / 0.516 (sampled higher on every seed),
     strict ties 0.105 / 0.478 against 0.100 / 0.477 (both higher on every seed), the synthetic
     set 0.254 / 0.898 against 0.257 / 0.900 (lower on 2 of 3 seeds, within its seed spread);
-    best epochs 34-54 against 48-82 (README, Quality)."""
+    best epochs 34-54 against 48-82 (benchmarks/results/quality_history.md)."""
     item_bias: bool = True
     """Learn a per-item score bias (popularity) besides the dot product with the client state."""
     exclude_seen: bool = True
@@ -213,7 +213,7 @@ class OptimConfig:
     this decay per `base_batch_size` rows trained (larger batches decay it more per step), at
     most (1 + n) / (10 + n) after n steps so that the random start fades (hvd_ctsm.weight_average);
     0 disables. It is checkpointed, resumed and committed with elastic state. Off: on ML-100K
-    it validated level with the weights themselves (README, Quality)."""
+    it validated level with the weights themselves (benchmarks/results/quality_history.md)."""
 
     def __post_init__(self):
         _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")

@@ -83,7 +83,7 @@ def build_vocab(events: DataFrame, item_attrs, client_attrs, previous: dict | No
 
 # Release years become about this many eras of equal item counts (fewer where one year holds many
 # items). Exact years with their decades (about 70 tags on ML-100K, most on a few items) validated
-# lower than these eras (README, Quality).
+# lower than these eras (benchmarks/results/quality_history.md).
 YEAR_ERAS = 10
 
 
