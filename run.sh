@@ -8,7 +8,8 @@
 # SPARK_SUBMIT_ARGS (pipeline-spark's extra spark-submit options, e.g. "--executor-memory 4g"),
 # WORK (where demo and pipeline-spark write, default runs/demo), DATA (their events
 # source), EPOCHS (their epochs, default 6), GATE (their deploy gate), ROW_GROUPS (the demo's
-# row groups per split, default 64; a small DATA needs fewer).
+# row groups per split, default 64; a small DATA needs fewer), TEST_WORKERS (test's pytest
+# processes, default 2; 0 runs the suite in one process).
 # Extra arguments are passed on to the step's program.
 set -euo pipefail
 
@@ -155,7 +156,9 @@ elastic() {
 run_tests() {
     ensure_setup
     # Each Horovod rank and Spark would otherwise start one thread per core and fight.
-    OMP_NUM_THREADS=1 py -m pytest "$@"
+    # TEST_WORKERS pytest processes (pytest-xdist), each running whole test files; 0 runs the
+    # suite in this process. Two on 2 cores: most tests wait on subprocesses part of the time.
+    OMP_NUM_THREADS=1 py -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile "$@"
 }
 
 main() {
