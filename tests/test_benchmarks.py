@@ -18,23 +18,47 @@ from benchmarks import (backends, comm, input_pipeline, model_search, quality, q
 pytestmark = [pytest.mark.slow, pytest.mark.horovod]
 
 
+# One fixture per benchmark, all writing into one folder: each test's setup runs only what it
+# reads (minutes in all under two test workers; pytest-timeout counts setup in each test).
 @pytest.fixture(scope="module")
-def results(tiny_features, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench-results")
-    data = ["--data", str(tiny_features)]
-    assert scaling.main([*data, "--config", "default", "--quick", "--out", str(out)]) == 0
-    assert input_pipeline.main([*data, "--quick", "--scaling", str(out / "scaling.json"),
-                                "--config", "default",
-                                "--out", str(out)]) == 0
-    assert comm.main([*data, "--quick", "--out", str(out)]) == 0
-    assert quality.main([*data, "--quick", "--out", str(out)]) == 0
+def results(tmp_path_factory):
+    return tmp_path_factory.mktemp("bench-results")
+
+
+def data_args(tiny_features) -> list[str]:
+    return ["--data", str(tiny_features)]
+
+
+@pytest.fixture(scope="module")
+def scaling_run(tiny_features, results):
+    data = data_args(tiny_features)
+    assert scaling.main([*data, "--config", "default", "--quick", "--out", str(results)]) == 0
+    assert input_pipeline.main([*data, "--quick", "--scaling", str(results / "scaling.json"),
+                                "--config", "default", "--out", str(results)]) == 0
+    return results
+
+
+@pytest.fixture(scope="module")
+def comm_run(tiny_features, results):
+    assert comm.main([*data_args(tiny_features), "--quick", "--out", str(results)]) == 0
+    return results
+
+
+@pytest.fixture(scope="module")
+def quality_run(tiny_features, results):
+    assert quality.main([*data_args(tiny_features), "--quick", "--out", str(results)]) == 0
+    return results
+
+
+@pytest.fixture(scope="module")
+def ab_run(tiny_features, results):
     # One A/B under torchrun covers both launchers' code paths: horovodrun is the default of
     # every other trainer run above.
-    assert trainer_ab.main([*data, "--config", "default", "--epochs", "2", "--repeats", "1",
-                            "--backend", "torch", "--name", "read_ahead",
+    assert trainer_ab.main([*data_args(tiny_features), "--config", "default", "--epochs", "2",
+                            "--repeats", "1", "--backend", "torch", "--name", "read_ahead",
                             "--variant", "data.read_ahead_steps=0",
-                            "--variant", "data.read_ahead_steps=4", "--out", str(out)]) == 0
-    return out
+                            "--variant", "data.read_ahead_steps=4", "--out", str(results)]) == 0
+    return results
 
 
 def load(results, name):
@@ -43,20 +67,20 @@ def load(results, name):
     return payload
 
 
-def test_scaling_reads_the_trainers_own_timers(results):
-    s = load(results, "scaling")["summary"]["sizes"]
+def test_scaling_reads_the_trainers_own_timers(scaling_run):
+    s = load(scaling_run, "scaling")["summary"]["sizes"]
     assert set(s) == {"1", "2"}
     assert s["1"]["time_vs_np1"] == 1.0
     for n in ("1", "2"):
         assert s[n]["epoch_seconds"]["median"] > 0
         assert 0 <= s[n]["allreduce_share"]["median"] < 1 and 0 <= s[n]["data_share"]["median"] < 1
-    split = load(results, "scaling")["summary"]["np2_wait_split_per_step"]
+    split = load(scaling_run, "scaling")["summary"]["np2_wait_split_per_step"]
     assert 0 <= split["least_waiting_rank_share"]["median"] <= split["allreduce_share"]["median"]
-    assert (results / "scaling_time.png").read_bytes()[:4] == b"\x89PNG"
+    assert (scaling_run / "scaling_time.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_input_pipeline_compares_both_decoders(results):
-    p = load(results, "input_pipeline")
+def test_input_pipeline_compares_both_decoders(scaling_run):
+    p = load(scaling_run, "input_pipeline")
     reading = p["read_rows_per_s_per_rank"]
     assert reading["ours"]["median"] > 0 and reading["petastorm_np_load"]["median"] > 0
     assert p["trainer"]["rows_per_s_per_rank"]["median"] > 0
@@ -65,8 +89,8 @@ def test_input_pipeline_compares_both_decoders(results):
     assert all(0 <= share < 1 for share in p["data_wait_by_epoch"]["runs"][0])
 
 
-def test_comm_runs_horovod_and_ddp_on_the_same_model(results):
-    p = load(results, "comm")
+def test_comm_runs_horovod_and_ddp_on_the_same_model(comm_run):
+    p = load(comm_run, "comm")
     peer = p["peer"]
     assert peer["runs"]["horovod"][0]["parameters"] == peer["runs"]["ddp"][0]["parameters"]
     assert peer["runs"]["horovod"][0]["size"] == peer["runs"]["ddp"][0]["size"] == 2
@@ -83,8 +107,8 @@ def test_comm_runs_horovod_and_ddp_on_the_same_model(results):
         variants["defaults"]["gradient_bytes_per_step"]
 
 
-def test_quality_backtests_each_effective_batch(results):
-    table = load(results, "quality")["table"]
+def test_quality_backtests_each_effective_batch(quality_run):
+    table = load(quality_run, "quality")["table"]
     assert table["x2"]["effective_batch"] == 2 * table["x1"]["effective_batch"]
     assert all(0 <= t["ndcg@10"]["mean"] <= 1 for t in table.values())
 
@@ -107,16 +131,16 @@ def test_quality_report_trains_ctsm_and_the_baseline_and_reuses_logged_cells(tin
     assert len((tmp_path / "quality_report_quick.jsonl").read_text().splitlines()) == 2
 
 
-def test_trainer_ab_alternates_variants_and_splits_epochs(results):
-    p = load(results, "ab_read_ahead")
+def test_trainer_ab_alternates_variants_and_splits_epochs(ab_run):
+    p = load(ab_run, "ab_read_ahead")
     assert list(p["summary"]) == ["data.read_ahead_steps=0", "data.read_ahead_steps=4"]
     for runs in p["runs"].values():  # one log record per epoch
         assert [len(r["data_share_by_record"]) for r in runs] == [2]
     assert p["summary"]["data.read_ahead_steps=0"]["vs_first"]["median"] == 1.0
 
 
-def test_trainer_ab_under_torchrun_counts_the_kernels_share_of_cpu(results):
-    p = load(results, "ab_read_ahead")
+def test_trainer_ab_under_torchrun_counts_the_kernels_share_of_cpu(ab_run):
+    p = load(ab_run, "ab_read_ahead")
     assert p["backend"] == "torch"
     for runs in p["runs"].values():
         assert runs[0]["steps"] > 0 and runs[0]["cpu_user_seconds"] > 0
@@ -155,6 +179,7 @@ def test_spark_feature_benchmark_quick(spark, tmp_path):
     assert "Cost ratio" in spark_features.render(payload)
 
 
+@pytest.mark.usefixtures("scaling_run", "comm_run", "quality_run", "ab_run")
 def test_report_renders_every_section(results, tmp_path):
     out = tmp_path / "RESULTS.md"
     assert report.main(["--results", str(results), "--out", str(out)]) == 0
