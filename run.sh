@@ -157,10 +157,8 @@ run_tests() {
     ensure_setup
     # Each Horovod rank and Spark would otherwise start one thread per core and fight.
     # TEST_WORKERS pytest processes (pytest-xdist), each running whole test files; 0 runs the
-    # suite in this process. Files go out in tests/conftest.py's order (the longest first), not
-    # xdist's (the most tests first), so that no long file starts last.
-    OMP_NUM_THREADS=1 py -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile \
-        --no-loadscope-reorder "$@"
+    # suite in this process.
+    OMP_NUM_THREADS=1 py -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile "$@"
 }
 
 main() {

@@ -31,24 +31,10 @@ def is_unit(item) -> bool:
                 or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
-# The files that take longest (minutes each on 2 cores). `./run.sh test` spreads whole files
-# over two pytest-xdist workers (--dist loadfile) in collection order; starting these first
-# keeps one of them from running alone at the end while the other worker sits idle.
-LONGEST_FILES = ("test_benchmarks.py", "test_cluster.py", "test_torch_backend.py",
-                 "test_pipeline.py", "test_train.py", "test_tracking.py", "test_features_e2e.py",
-                 "test_reliability_restart.py")
-
-
-def longest_first(item) -> int:
-    name = item.path.name
-    return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if is_unit(item):
             item.add_marker(pytest.mark.unit)
-    items.sort(key=longest_first)  # stable: the tests of a file keep their order
     if config.getoption("--fast"):
         skipped = [item for item in items if not is_unit(item)]
         items[:] = [item for item in items if is_unit(item)]
