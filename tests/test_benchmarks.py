@@ -25,13 +25,13 @@ def results(tmp_path_factory):
     return tmp_path_factory.mktemp("bench-results")
 
 
-def data_args(tiny_features) -> list[str]:
+@pytest.fixture(scope="module")
+def data(tiny_features) -> list[str]:
     return ["--data", str(tiny_features)]
 
 
 @pytest.fixture(scope="module")
-def scaling_run(tiny_features, results):
-    data = data_args(tiny_features)
+def scaling_run(data, results):
     assert scaling.main([*data, "--config", "default", "--quick", "--out", str(results)]) == 0
     assert input_pipeline.main([*data, "--quick", "--scaling", str(results / "scaling.json"),
                                 "--config", "default", "--out", str(results)]) == 0
@@ -39,22 +39,22 @@ def scaling_run(tiny_features, results):
 
 
 @pytest.fixture(scope="module")
-def comm_run(tiny_features, results):
-    assert comm.main([*data_args(tiny_features), "--quick", "--out", str(results)]) == 0
+def comm_run(data, results):
+    assert comm.main([*data, "--quick", "--out", str(results)]) == 0
     return results
 
 
 @pytest.fixture(scope="module")
-def quality_run(tiny_features, results):
-    assert quality.main([*data_args(tiny_features), "--quick", "--out", str(results)]) == 0
+def quality_run(data, results):
+    assert quality.main([*data, "--quick", "--out", str(results)]) == 0
     return results
 
 
 @pytest.fixture(scope="module")
-def ab_run(tiny_features, results):
+def ab_run(data, results):
     # One A/B under torchrun covers both launchers' code paths: horovodrun is the default of
     # every other trainer run above.
-    assert trainer_ab.main([*data_args(tiny_features), "--config", "default", "--epochs", "2",
+    assert trainer_ab.main([*data, "--config", "default", "--epochs", "2",
                             "--repeats", "1", "--backend", "torch", "--name", "read_ahead",
                             "--variant", "data.read_ahead_steps=0",
                             "--variant", "data.read_ahead_steps=4", "--out", str(results)]) == 0
