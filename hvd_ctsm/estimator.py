@@ -1,6 +1,7 @@
 """Spark ML route: horovod.spark.torch.TorchEstimator on a DataFrame of sequences.
 
     python -m hvd_ctsm.estimator --data FEATURES --store DIR --out PREDICTIONS [--num-proc 2]
+                                 [--overwrite]
 
 `fit(df)` trains a CTSM's encoder and p(sale) head on (history, item, label) rows through a
 Store, with Horovod on the Spark executors, and returns a Spark ML Transformer whose `transform`
@@ -17,12 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from hvd_ctsm import outputs, storage
+from hvd_ctsm.errors import EXIT_BAD_INPUT
 from hvd_ctsm.model import CTSM, ModelSizes
 from hvd_ctsm.schema import EVENT_TYPE_INDEX, EVENT_TYPES
+from hvd_ctsm.storage import StorageError
 
 FEATURES, LABEL = ["history", "item"], "label"
 
@@ -96,25 +101,65 @@ def fit_and_predict(spark, data: str, store: str, num_proc: int = 2, epochs: int
     return fitted, fitted.transform(sequence_frame(spark, data, "test", max_len))
 
 
+def write_predictions(spark, data: str, store: str, out: str, overwrite: bool = False,
+                      num_proc: int = 2, epochs: int = 2, max_len: int = 20) -> int:
+    """fit_and_predict, the predictions written to OUT as Parquet; their row count.
+
+    OUT is checked before any work: it may not overlap --data or --store, and an existing OUT
+    is replaced only with `overwrite` and only when an earlier run of this command wrote it
+    (hvd_ctsm.outputs). A local OUT is built in a temporary sibling and swapped into place, so
+    a failed run leaves the old one whole; a URL OUT is written once, never replaced."""
+    inputs = (data, store)
+    if storage.is_remote(out):
+        outputs.check_not_an_input(out, inputs)
+        if storage.exists(out):
+            raise outputs.OutputExistsError(f"output {out} exists; a URL output is never replaced"
+                                            " (--overwrite applies to local folders)")
+        _, predictions = fit_and_predict(spark, data, store, num_proc, epochs, max_len)
+        predictions.write.mode("errorifexists").parquet(out)
+        return spark.read.parquet(out).count()
+    outputs.check_not_an_input(store, [data])
+    stage = outputs.staging_dir(Path(out), overwrite, "predictions", inputs)
+    try:
+        _, predictions = fit_and_predict(spark, data, store, num_proc, epochs, max_len)
+        predictions.write.mode("append").parquet(str(stage.resolve()))  # stage holds our marker
+        rows = spark.read.parquet(str(stage.resolve())).count()
+        outputs.publish(stage, Path(out))
+    except BaseException:
+        outputs.discard(stage)
+        raise
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hvd_ctsm.estimator", description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="feature job output folder")
     p.add_argument("--store", required=True, help="Store folder (local, hdfs://, /dbfs/)")
     p.add_argument("--out", required=True, help="predictions of the test split (Parquet folder)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an OUT that an earlier run of this command wrote")
     p.add_argument("--num-proc", type=int, default=2)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--max-len", type=int, default=20, help="history length fed to the model")
     p.add_argument("--master", default=None, help="Spark master (default local[NUM_PROC])")
     args = p.parse_args(argv)
+    from hvd_ctsm.dataset_meta import DatasetError, read_metadata
     from hvd_ctsm.spark_session import get_spark
 
-    spark = get_spark(master=args.master or f"local[{args.num_proc}]", app_name="hvd_ctsm-est")
-    _, predictions = fit_and_predict(spark, args.data, args.store, args.num_proc, args.epochs,
-                                     args.max_len)
-    predictions.write.mode("overwrite").parquet(args.out)
-    print(json.dumps({"predictions": spark.read.parquet(args.out).count()}))
+    try:
+        read_metadata(args.data)  # a missing or damaged dataset stops before Spark starts
+        spark = get_spark(master=args.master or f"local[{args.num_proc}]",
+                          app_name="hvd_ctsm-est")
+        rows = write_predictions(spark, args.data, args.store, args.out, args.overwrite,
+                                 args.num_proc, args.epochs, args.max_len)
+    except (DatasetError, FileExistsError, StorageError) as exc:
+        print(f"hvd_ctsm.estimator: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(json.dumps({"predictions": rows, "out": args.out}))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hvd_ctsm.errors import run_cli
+
+    sys.exit(run_cli(main, "hvd_ctsm.estimator"))

@@ -3,8 +3,9 @@
 Every folder the project writes (feature datasets, training runs, Spark score folders, the model
 registry) holds MARKER, a small JSON file naming its kind. `--overwrite` removes a folder only when
 it holds our marker of the same kind and does not hold, and is not inside, one of the command's
-inputs: a mistyped `--out` must never cost data we did not create. Standard library only (the
-Spark job imports it without torch).
+inputs: a mistyped `--out` must never cost data we did not create. A local output is built whole
+in a marked temporary sibling (`staging_dir`) and then swapped into place (`publish`), so readers
+never see half of one. Standard library only (the Spark job imports it without torch).
 """
 
 from __future__ import annotations
@@ -14,18 +15,23 @@ import os
 import shutil
 import socket
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
 from hvd_ctsm import storage
 
 MARKER = ".hvd_ctsm-output.json"
-KINDS = ("features", "run", "scores", "registry")
+KINDS = ("features", "run", "scores", "predictions", "registry")
 STALE_ELSEWHERE_S = 24 * 3600  # a temp folder of another host's job is stale after a day
 
 
 class UnsafeOutputError(FileExistsError):
     """Writing or replacing this output could destroy data we did not create."""
+
+
+class OutputExistsError(FileExistsError):
+    """The output folder exists and overwrite was not asked for."""
 
 
 def mark(folder: str | Path, kind: str) -> None:
@@ -137,3 +143,38 @@ def remove_stale_temps(out: str | Path) -> list[Path]:
                 shutil.rmtree(stale, ignore_errors=True)
                 removed.append(stale)
     return removed
+
+
+def staging_dir(out: Path, overwrite: bool, kind: str = "features", inputs=()) -> Path:
+    """A fresh temporary sibling of `out` to build the whole output in (checked before work).
+
+    `out` must not overlap `inputs`; an existing `out` is replaced only with `overwrite` and only
+    when it is ours (check_replaceable). Temp folders of killed runs for the same `out` go first.
+    """
+    check_not_an_input(out, inputs)
+    if out.exists() and not overwrite:
+        raise OutputExistsError(f"output {out} exists; pass --overwrite to replace it")
+    if overwrite:
+        check_replaceable(out, kind, inputs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out)
+    stage = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
+    stage.mkdir()
+    mark(stage, kind)
+    return stage
+
+
+def publish(stage: Path, out: Path) -> None:
+    """Move the finished output into place; an old output is removed only after the swap."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(out, old)
+    os.replace(stage, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def discard(stage: Path) -> None:
+    """Remove an unfinished stage (the job failed or was stopped): OUT is left as it was."""
+    shutil.rmtree(stage, ignore_errors=True)

@@ -24,13 +24,11 @@ from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
 import hvd_ctsm
-from hvd_ctsm import storage
-from hvd_ctsm.outputs import check_not_an_input
+from hvd_ctsm import outputs, storage
 from hvd_ctsm.schema import OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT
 from spark_jobs import attributes, sequences, split, validate, vocab, write
 from spark_jobs.config import FeatureConfig, parse_time
 from spark_jobs.sources import SourceError, load_source
-from spark_jobs.write import OutputExistsError
 
 
 def code_version() -> str:
@@ -106,11 +104,11 @@ def input_paths(config: FeatureConfig) -> list[str]:
 def _check_remote_out(config: FeatureConfig) -> None:
     """A URL --out is written once: an object store cannot swap a folder atomically, so an
     existing one is never replaced (nor one inside an input)."""
-    check_not_an_input(config.out, input_paths(config))
+    outputs.check_not_an_input(config.out, input_paths(config))
     if storage.exists(config.out):
-        raise OutputExistsError(f"output {config.out} exists; a URL output is never replaced "
-                                "(--overwrite applies to local folders): pick a new URL, e.g. "
-                                "a dated prefix")
+        raise outputs.OutputExistsError(
+            f"output {config.out} exists; a URL output is never replaced (--overwrite applies "
+            "to local folders): pick a new URL, e.g. a dated prefix")
 
 
 def _no_examples(name: str, counts: dict) -> ValueError:
@@ -208,7 +206,7 @@ def _build(spark, config: FeatureConfig) -> dict:
         stages[name], last = round(time.time() - last, 2), time.time()
 
     out = Path(config.out)
-    stage = write.staging_dir(out, config.overwrite, "features", input_paths(config))
+    stage = outputs.staging_dir(out, config.overwrite, "features", input_paths(config))
     counted = examples = None
     try:
         source = load_source(spark, config)
@@ -229,9 +227,9 @@ def _build(spark, config: FeatureConfig) -> dict:
         meta = _metadata(config, counts, vocabulary, splits, skipped, time.time() - start)
         meta["stage_seconds"] = stages
         write.write_json_atomic(stage / "metadata.json", meta)
-        write.publish(stage, out)
+        outputs.publish(stage, out)
     except BaseException:
-        write.discard(stage)
+        outputs.discard(stage)
         raise
     finally:
         for frame in (counted, examples):

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from spark_jobs import write
+from hvd_ctsm import outputs
 
 OUTPUT_SCHEMA = ("client_id string, rank int, item_id string, item int, score float, "
                  "p_sale float")
@@ -71,15 +71,15 @@ def _score_model(spark, data: str, model: str, path: Path, out: str, k: int, spl
     from spark_jobs.session import check_executors, job_settings
 
     split_url(data, split)  # a damaged or incomplete dataset stops here
-    stage = write.staging_dir(Path(out), overwrite, "scores", model_inputs(data, model))
+    stage = outputs.staging_dir(Path(out), overwrite, "scores", model_inputs(data, model))
     try:
         items = load_vocab_items(data, load_state(path))  # checks the model's checksum, vocab
         check_executors(spark)
         with job_settings(spark):
             summary = _score_into(spark, stage, data, path, items, split, k)
-        write.publish(stage, Path(out))
+        outputs.publish(stage, Path(out))
     except BaseException:
-        write.discard(stage)
+        outputs.discard(stage)
         raise
     return summary
 

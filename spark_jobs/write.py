@@ -8,15 +8,11 @@ repartitioned into at least `row_groups` non-empty files (one row group or more 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 from pathlib import Path
 
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
-from hvd_ctsm import outputs
 from hvd_ctsm.atomic import atomic_write_bytes
 
 ROW_GROUP_SIZE_MB = 32  # big partitions get several row groups: more shards, never fewer
@@ -25,10 +21,6 @@ ROW_GROUP_SIZE_MB = 32  # big partitions get several row groups: more shards, ne
 # A total order of a split's rows: rows with equal keys are equal rows, so files hold the same
 # rows in the same order on every run.
 ROW_ORDER = ("client_id", "timestamp", "target_time")
-
-
-class OutputExistsError(FileExistsError):
-    """The output folder exists and overwrite was not asked for."""
 
 
 def count_row_groups(path: str | Path) -> int:
@@ -87,37 +79,3 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 def write_json_atomic(path: Path, content: dict) -> None:
     write_atomic(path, (json.dumps(content, indent=1) + "\n").encode("utf-8"))
-
-
-def staging_dir(out: Path, overwrite: bool, kind: str = "features", inputs=()) -> Path:
-    """A fresh temporary sibling of `out` to build the whole output in (checked before work).
-
-    `out` must not overlap `inputs`; an existing `out` is replaced only with `overwrite` and only
-    when it is ours (hvd_ctsm.outputs). Temp folders of killed runs for the same `out` go first.
-    """
-    outputs.check_not_an_input(out, inputs)
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"output {out} exists; pass --overwrite to replace it")
-    if overwrite:
-        outputs.check_replaceable(out, kind, inputs)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    outputs.remove_stale_temps(out)
-    stage = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
-    stage.mkdir()
-    outputs.mark(stage, kind)
-    return stage
-
-
-def publish(stage: Path, out: Path) -> None:
-    """Move the finished output into place; an old output is removed only after the swap."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(out, old)
-    os.replace(stage, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def discard(stage: Path) -> None:
-    shutil.rmtree(stage, ignore_errors=True)

@@ -13,12 +13,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from hvd_ctsm import outputs
 from hvd_ctsm.schema import EVENT_TYPE_INDEX, SCHEMA_VERSION, SERVING_SPLIT, SPLITS
 from spark_jobs.build_features import build_features, main
 from spark_jobs.config import FeatureConfig
 from spark_jobs.synthetic import SyntheticParams, generate_events_part
 from spark_jobs.validate import StrictValidationError
-from spark_jobs.write import OutputExistsError, count_row_groups
+from spark_jobs.write import count_row_groups
 
 pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[1]
@@ -267,7 +268,7 @@ def test_events_source_accounting_vocab_stability_and_asof(spark, tmp_path):
     }
     assert {vocab2["items"][i] for i in items2} <= {"i1", "i3", "i6", "i7"}
     # an existing output is kept; --strict fails with the reason counts and leaves nothing
-    with pytest.raises(OutputExistsError):
+    with pytest.raises(outputs.OutputExistsError):
         build_features(
             spark,
             FeatureConfig(

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from hvd_ctsm import launch, outputs
-from spark_jobs import write
 from spark_jobs.build_features import main as features_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,12 +102,12 @@ def test_stale_temp_folders_of_killed_runs_are_removed_but_nothing_else(spark, t
     foreign = tmp_path / f".{out.name}.tmp-notours1"
     foreign.mkdir()
     (foreign / "keep.txt").write_text("x")
-    running = write.staging_dir(out, overwrite=False)  # a concurrent job's: this process, alive
+    running = outputs.staging_dir(out, overwrite=False)  # a concurrent job's: this process, alive
     assert features_main(["--source", SMALL, "--out", str(out), "--row-groups", "2",
                           "--max-len", "10", "--master", "local[2]"]) == 0
     assert not killed.exists() and (foreign / "keep.txt").exists() and running.exists()
     assert outputs.marker(out)["kind"] == "features"
-    write.discard(running)
+    outputs.discard(running)
     assert features_main(["--source", SMALL, "--out", str(out), "--row-groups", "2",
                           "--max-len", "10", "--master", "local[2]", "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(f".{out.name}")) == [
