@@ -12,7 +12,7 @@ from hvd_ctsm import outputs
 from hvd_ctsm.checkpoint import load_state
 from hvd_ctsm.config import TrainConfig, as_override, to_dict
 from hvd_ctsm.distributed.base import launch_rank
-from hvd_ctsm.model import architecture
+from hvd_ctsm.model import LEGACY_ARCH, architecture
 
 
 def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str) -> None:
@@ -41,6 +41,8 @@ def check_resume_matches(out: Path, cfg: TrainConfig) -> None:
     if not saved.exists():
         return
     before = (yaml.safe_load(saved.read_text()) or {}).get("model", {})
+    if before:  # a setting the run predates is what it trained with (as CTSM.from_config reads it)
+        before = LEGACY_ARCH | before
     now = to_dict(cfg)["model"]
     was, asked = _differing(before, now, sorted(k for k in now if k in before))
     if was:

@@ -61,6 +61,24 @@ def test_resume_of_a_run_from_before_a_default_changed_names_the_overrides(tmp_p
             in str(stop.value))
 
 
+def test_resume_of_a_run_saved_before_a_setting_existed_names_what_it_trained_with(tmp_path):
+    """A config.yaml without item_tags (a run from before the setting) trained without tags;
+    resumed under today's default it would fail deep inside loading the checkpoint."""
+    import yaml
+
+    from hvd_ctsm.config import load_config, save_config
+
+    out = tmp_path / "run"
+    out.mkdir()
+    save_config(load_config(None), out / "config.yaml")
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    del saved["model"]["item_tags"]
+    (out / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(SystemExit) as stop:
+        launch.main(["--data", str(tmp_path / "data"), "--out", str(out), "--resume"])
+    assert "pass model.item_tags=false to resume it" in str(stop.value)
+
+
 def test_a_missing_dataset_names_the_fix(tmp_path):
     with pytest.raises(DatasetError, match="point --data at a folder written by"):
         launch.main(["--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "run")])
