@@ -95,6 +95,11 @@ class ModelConfig:
     the distance back, a different slope per head), besides the learned positions. On
     validation: +0.007 full / +0.009 sampled NDCG@10 on ML-100K (benchmarks/results/
     model_search.md)."""
+    learned_positions: bool = True
+    """Add a learned vector per place in the window (counted from its first event) to each
+    event's input, as SASRec. With recency_bias the attention already knows how far back each
+    event is; this says where the window started. Being validated against false (2026-11-26,
+    benchmarks/results/quality_history.md)."""
     time_bias: bool = False
     """Also bias each attention head by the time between two events: a learned per-head
     penalty on log1p(hours) from the later event back to the earlier (time-interval-aware

@@ -148,14 +148,16 @@ class TemporalEncoder(nn.Module):
     def __init__(self, sizes: ModelSizes, dim: int, layers: int, heads: int, dropout: float,
                  block: str = "residual", ff_mult: int = 4, side_features: bool = True,
                  recency_bias: bool = False, attention_dropout: float | None = None,
-                 time_bias: bool = False, item_category: bool = False, item_tags: bool = False):
+                 time_bias: bool = False, item_category: bool = False, item_tags: bool = False,
+                 learned_positions: bool = True):
         super().__init__()
         if dim % heads:
             raise ValueError(f"model dim {dim} is not divisible by heads {heads}")
         if block not in MERGES:
             raise ValueError(f"unknown block {block!r}; known: {sorted(MERGES)}")
         self.item = nn.Embedding(sizes.num_items, dim, padding_idx=0)
-        self.position = nn.Embedding(sizes.max_len, dim)
+        # A learned vector per place in the window, counted from its first event (as SASRec).
+        self.position = nn.Embedding(sizes.max_len, dim) if learned_positions else None
         self.category = None
         if item_category:  # an item's vector adds its category's, shared by the category's items
             known = sizes.item_category or [0] * sizes.num_items
@@ -207,8 +209,9 @@ class TemporalEncoder(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         items = batch["item"]
-        positions = torch.arange(items.shape[1], device=items.device)
-        x = self.item_vectors(items) * math.sqrt(self.dim) + self.position(positions)
+        x = self.item_vectors(items) * math.sqrt(self.dim)
+        if self.position is not None:
+            x = x + self.position(torch.arange(items.shape[1], device=items.device))
         if self.side_features:
             x = x + self.event_type(batch["event_type"])
             x = x + self.numeric(torch.stack([batch["value"], batch["log_gap"]], dim=-1))
@@ -258,13 +261,13 @@ LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias
                "exclude_seen": False, "recency_bias": False, "uniform_bce_weight": 0.0,
                "exclude_tied": False, "attention_dropout": None, "future_targets": 1,
                "future_decay": 0.5, "time_bias": False, "item_category": False,
-               "item_tags": False}
+               "item_tags": False, "learned_positions": True}
 
 
 # What makes two saved models the same network (besides vocabulary sizes): a warm start copies
 # weights only between equal architectures. Dropout, loss and loss weights may change.
 ARCHITECTURE = ("dim", "layers", "heads", "block", "ff_mult", "side_features", "recency_bias",
-                "item_bias", "time_bias", "item_category", "item_tags")
+                "item_bias", "time_bias", "item_category", "item_tags", "learned_positions")
 
 
 def architecture(model: dict) -> dict:
@@ -282,12 +285,12 @@ class CTSM(nn.Module):
                  block="residual", ff_mult=4, side_features=True, item_bias=True,
                  exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0, exclude_tied=False,
                  attention_dropout=0.0, future_targets=1, future_decay=0.5, time_bias=False,
-                 item_category=False, item_tags=False):
+                 item_category=False, item_tags=False, learned_positions=True):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
                                        side_features, recency_bias, attention_dropout, time_bias,
-                                       item_category, item_tags)
+                                       item_category, item_tags, learned_positions)
         built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias,
                                                    exclude_seen, uniform_bce_weight, exclude_tied,
                                                    future_targets, future_decay),

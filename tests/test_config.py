@@ -91,6 +91,7 @@ def test_presets_are_overrides_of_the_dataclass_defaults():
     # the baseline reads items and positions only; the default also reads the items' tags
     assert TrainConfig().model.item_tags and not sasrec.model.item_tags
     assert not sasrec.model.side_features and not sasrec.model.item_category
+    assert sasrec.model.learned_positions  # the paper's learned positions, whatever the default
     # the default trains the p(sale) head beside next-item; the baseline has no sale head
     assert TrainConfig().model.head_weights == {"next_item": 1.0, "sale": 0.5}
     assert sasrec.model.head_weights == {"next_item": 1.0}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hvd_ctsm.heads import future_pairs, seen_items, tied_targets
-from hvd_ctsm.model import CTSM, ModelSizes, recency_bias, time_gap_bias
+from hvd_ctsm.model import CTSM, ModelSizes, architecture, recency_bias, time_gap_bias
 
 CATEGORIES = [0] + [1 + i % 3 for i in range(49)]  # item 0 (padding) has none
 # Tags: item i has tag 1 + i % 4, also tag 5 when i is even, none when i % 7 == 0.
@@ -41,6 +41,7 @@ ARCHS = {  # CTSM's variants (the default has a recency bias) and the SASRec-sty
     "time-only": dict(block="residual", recency_bias=False, time_bias=True),
     "category": dict(block="residual", recency_bias=True, item_category=True),
     "tags": dict(block="residual", recency_bias=True, item_tags=True),
+    "no-positions": dict(block="residual", recency_bias=True, learned_positions=False),
     "sasrec": dict(block="residual", ff_mult=1, side_features=False, recency_bias=False),
 }
 
@@ -65,7 +66,7 @@ def test_changing_a_later_event_never_changes_earlier_states(field, arch):
     assert not torch.allclose(before[0, cut:], after[0, cut:], atol=1e-4)  # the change did act
 
 
-@pytest.mark.parametrize("arch", ["residual", "recency", "time"])
+@pytest.mark.parametrize("arch", ["residual", "recency", "time", "no-positions"])
 def test_padding_does_not_change_valid_positions(arch):
     m = model(**ARCHS[arch])
     batch, lengths = make_batch()
@@ -162,6 +163,17 @@ def test_from_config_rebuilds_models_saved_before_the_architecture_settings():
     assert any("gate_attn.w_r" in name for name, _ in rebuilt.named_parameters())
     plain = CTSM.from_config(SIZES, old | {"block": "residual", "side_features": False})
     assert not any("gate" in name or "numeric" in name for name, _ in plain.named_parameters())
+
+
+def test_learned_positions_off_leaves_no_position_table_and_old_models_keep_theirs():
+    def names(m):
+        return {name for name, _ in m.named_parameters()}
+
+    assert "encoder.position.weight" not in names(model(learned_positions=False))
+    old = {"dim": 16, "layers": 1, "heads": 2, "dropout": 0.0, "loss": "full",
+           "negatives": 5, "head_weights": {"next_item": 1.0}}  # saved before the setting
+    assert "encoder.position.weight" in names(CTSM.from_config(SIZES, old))
+    assert architecture(old)["learned_positions"] is True
 
 
 def test_attention_dropout_defaults_to_the_dropout_and_can_be_set_apart():
