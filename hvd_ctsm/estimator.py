@@ -111,10 +111,7 @@ def write_predictions(spark, data: str, store: str, out: str, overwrite: bool = 
     a failed run leaves the old one whole; a URL OUT is written once, never replaced."""
     inputs = (data, store)
     if storage.is_remote(out):
-        outputs.check_not_an_input(out, inputs)
-        if storage.exists(out):
-            raise outputs.OutputExistsError(f"output {out} exists; a URL output is never replaced"
-                                            " (--overwrite applies to local folders)")
+        outputs.check_new_url(out, inputs)
         _, predictions = fit_and_predict(spark, data, store, num_proc, epochs, max_len)
         predictions.write.mode("errorifexists").parquet(out)
         return spark.read.parquet(out).count()

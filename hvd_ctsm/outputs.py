@@ -84,6 +84,16 @@ def check_not_an_input(out: str | Path, inputs: Iterable[str | Path | None]) -> 
                 "pick an --out outside every input")
 
 
+def check_new_url(out: str, inputs: Iterable[str | Path | None] = ()) -> None:
+    """A URL output is written once: an object store cannot swap a folder atomically, so an
+    existing one is never replaced (nor one that overlaps an input)."""
+    check_not_an_input(out, inputs)
+    if storage.exists(out):
+        raise OutputExistsError(
+            f"output {out} exists; a URL output is never replaced (--overwrite applies to local "
+            "folders): pick a new URL, e.g. a dated prefix")
+
+
 def check_replaceable(out: str | Path, kind: str, inputs: Iterable[str | Path | None] = ()) -> None:
     """Stop unless `out` may be (re)written: absent or empty, or ours of the same kind."""
     check_not_an_input(out, inputs)

@@ -101,16 +101,6 @@ def input_paths(config: FeatureConfig) -> list[str]:
     return [p for p in paths if p]
 
 
-def _check_remote_out(config: FeatureConfig) -> None:
-    """A URL --out is written once: an object store cannot swap a folder atomically, so an
-    existing one is never replaced (nor one inside an input)."""
-    outputs.check_not_an_input(config.out, input_paths(config))
-    if storage.exists(config.out):
-        raise outputs.OutputExistsError(
-            f"output {config.out} exists; a URL output is never replaced (--overwrite applies "
-            "to local folders): pick a new URL, e.g. a dated prefix")
-
-
 def _no_examples(name: str, counts: dict) -> ValueError:
     rejected = {k: v for k, v in counts["rejected"].items() if v}
     why = (f"{counts['used']} of {counts['input_rows']} input rows used, rejected by reason "
@@ -185,7 +175,7 @@ def _build_and_upload(spark, config: FeatureConfig, job_settings) -> dict:
     config.out, metadata.json last (readers look for it first). Spark writes the files to the
     driver's disk, so this suits local mode; on a multi-node cluster write to storage every
     executor shares instead (/dbfs/..., a shared mount)."""
-    _check_remote_out(config)
+    outputs.check_new_url(config.out, input_paths(config))
     scratch = Path(tempfile.mkdtemp(prefix="hvd_ctsm-features-"))
     try:
         local = dataclasses.replace(config, out=str(scratch / "features"), overwrite=False)
