@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -116,15 +115,10 @@ def write_predictions(spark, data: str, store: str, out: str, overwrite: bool = 
         predictions.write.mode("errorifexists").parquet(out)
         return spark.read.parquet(out).count()
     outputs.check_not_an_input(store, [data])
-    stage = outputs.staging_dir(Path(out), overwrite, "predictions", inputs)
-    try:
+    with outputs.staged(out, overwrite, "predictions", inputs) as stage:
         _, predictions = fit_and_predict(spark, data, store, num_proc, epochs, max_len)
         predictions.write.mode("append").parquet(str(stage.resolve()))  # stage holds our marker
         rows = spark.read.parquet(str(stage.resolve())).count()
-        outputs.publish(stage, Path(out))
-    except BaseException:
-        outputs.discard(stage)
-        raise
     return rows
 
 

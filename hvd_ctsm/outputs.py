@@ -4,8 +4,8 @@ Every folder the project writes (feature datasets, training runs, Spark score fo
 registry) holds MARKER, a small JSON file naming its kind. `--overwrite` removes a folder only when
 it holds our marker of the same kind and does not hold, and is not inside, one of the command's
 inputs: a mistyped `--out` must never cost data we did not create. A local output is built whole
-in a marked temporary sibling (`staging_dir`) and then swapped into place (`publish`), so readers
-never see half of one. Standard library only (the Spark job imports it without torch).
+in a marked temporary sibling and then swapped into place (`staged`), so readers never see half
+of one. Standard library only (the Spark job imports it without torch).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hvd_ctsm import storage
@@ -188,3 +189,18 @@ def publish(stage: Path, out: Path) -> None:
 def discard(stage: Path) -> None:
     """Remove an unfinished stage (the job failed or was stopped): OUT is left as it was."""
     shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextmanager
+def staged(out: str | Path, overwrite: bool, kind: str, inputs=()) -> Iterator[Path]:
+    """Build an output in a stage (`staging_dir`, checked before any work), then publish it.
+
+    The body writes into the yielded folder; on a normal exit it replaces `out`, and on any
+    exception (a failure, Ctrl-C) the stage is discarded and `out` is left as it was."""
+    stage = staging_dir(Path(out), overwrite, kind, inputs)
+    try:
+        yield stage
+    except BaseException:
+        discard(stage)
+        raise
+    publish(stage, Path(out))

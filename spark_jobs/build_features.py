@@ -195,32 +195,28 @@ def _build(spark, config: FeatureConfig) -> dict:
         nonlocal last
         stages[name], last = round(time.time() - last, 2), time.time()
 
-    out = Path(config.out)
-    stage = outputs.staging_dir(out, config.overwrite, "features", input_paths(config))
     counted = examples = None
     try:
-        source = load_source(spark, config)
-        used, counted, counts = _validated(spark, config, source)
-        lap("validate")
-        previous = vocab.load_vocab(config.previous_vocab)
-        vocabulary = vocab.build_vocab(used, source.item_attrs, source.client_attrs, previous)
-        lap("vocabulary")
-        examples = _examples(config, source, used, vocabulary, counts["used"]).persist(
-            StorageLevel.MEMORY_AND_DISK
-        )
-        stats = _split_stats(examples)
-        _check_serving_rows(stats, counts["clients"])
-        lap("examples")
-        splits, skipped = _write_splits(config, examples, stats, stage, counts)
-        write.write_atomic(stage / "vocab.json", vocab.vocab_bytes(vocabulary))
-        lap("write")
-        meta = _metadata(config, counts, vocabulary, splits, skipped, time.time() - start)
-        meta["stage_seconds"] = stages
-        write.write_json_atomic(stage / "metadata.json", meta)
-        outputs.publish(stage, out)
-    except BaseException:
-        outputs.discard(stage)
-        raise
+        with outputs.staged(config.out, config.overwrite, "features",
+                            input_paths(config)) as stage:
+            source = load_source(spark, config)
+            used, counted, counts = _validated(spark, config, source)
+            lap("validate")
+            previous = vocab.load_vocab(config.previous_vocab)
+            vocabulary = vocab.build_vocab(used, source.item_attrs, source.client_attrs, previous)
+            lap("vocabulary")
+            examples = _examples(config, source, used, vocabulary, counts["used"]).persist(
+                StorageLevel.MEMORY_AND_DISK
+            )
+            stats = _split_stats(examples)
+            _check_serving_rows(stats, counts["clients"])
+            lap("examples")
+            splits, skipped = _write_splits(config, examples, stats, stage, counts)
+            write.write_atomic(stage / "vocab.json", vocab.vocab_bytes(vocabulary))
+            lap("write")
+            meta = _metadata(config, counts, vocabulary, splits, skipped, time.time() - start)
+            meta["stage_seconds"] = stages
+            write.write_json_atomic(stage / "metadata.json", meta)
     finally:
         for frame in (counted, examples):
             if frame is not None:
@@ -230,7 +226,7 @@ def _build(spark, config: FeatureConfig) -> dict:
         f"{k}: only {n} row groups (< {config.row_groups}): fewer rows than requested"
         for k, n in few.items()
     ]
-    return {**meta, "out": str(out), "warnings": warnings}
+    return {**meta, "out": str(Path(config.out)), "warnings": warnings}
 
 
 def summary_table(summary: dict) -> str:

@@ -71,16 +71,11 @@ def _score_model(spark, data: str, model: str, path: Path, out: str, k: int, spl
     from spark_jobs.session import check_executors, job_settings
 
     split_url(data, split)  # a damaged or incomplete dataset stops here
-    stage = outputs.staging_dir(Path(out), overwrite, "scores", model_inputs(data, model))
-    try:
+    with outputs.staged(out, overwrite, "scores", model_inputs(data, model)) as stage:
         items = load_vocab_items(data, load_state(path))  # checks the model's checksum, vocab
         check_executors(spark)
         with job_settings(spark):
             summary = _score_into(spark, stage, data, path, items, split, k)
-        outputs.publish(stage, Path(out))
-    except BaseException:
-        outputs.discard(stage)
-        raise
     return summary
 
 

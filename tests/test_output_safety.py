@@ -112,3 +112,19 @@ def test_stale_temp_folders_of_killed_runs_are_removed_but_nothing_else(spark, t
                           "--max-len", "10", "--master", "local[2]", "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(f".{out.name}")) == [
         foreign.name]
+
+
+def test_staged_publishes_on_success_and_keeps_the_old_output_on_failure(tmp_path):
+    out = tmp_path / "scores"
+    with outputs.staged(out, overwrite=False, kind="scores") as stage:
+        (stage / "part-0").write_text("first")
+    assert (out / "part-0").read_text() == "first" and outputs.marker(out)["kind"] == "scores"
+    with pytest.raises(KeyboardInterrupt):
+        with outputs.staged(out, overwrite=True, kind="scores") as stage:
+            (stage / "part-0").write_text("half")
+            raise KeyboardInterrupt
+    assert (out / "part-0").read_text() == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["scores"]  # the stage is gone
+    with pytest.raises(outputs.UnsafeOutputError):  # checked before the body runs
+        with outputs.staged(out, overwrite=True, kind="features"):
+            raise AssertionError("the body must not run")
