@@ -64,23 +64,24 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
+    """The encoder and its heads. Each default was chosen on the validation splits of ML-100K
+    (both tie rules) and the synthetic set; the numbers behind each choice, and what was
+    rejected, are in benchmarks/results/quality_history.md."""
+
     dim: int = 64
     """Width of embeddings and client states."""
     layers: int = 3
-    """Causal attention blocks. 3 of 4 heads (2 of 2 until 2026-11-25) with no attention
-    dropout validated at or above the old 2 x 2 on every seed (0-2) of ML-100K under both tie
-    rules and of the synthetic set (benchmarks/results/model_search.md, trial l3h4-noattn);
-    an epoch costs about 1.27x."""
+    """Causal attention blocks. 3 of 4 heads without attention dropout (since 2026-11-25; 2 of
+    2 with it before) validated at or above 2 x 2 on every seed of every set, at about 1.27x
+    the time per epoch."""
     heads: int = 4
     """Attention heads per block (must divide dim)."""
     dropout: float = 0.2
     """Dropout on embeddings, attention and feed-forward outputs."""
     attention_dropout: float | None = 0.0
     """Dropout on the attention weights (None: model.dropout, the default until 2026-11-25).
-    At 0 PyTorch can use its fused attention kernel, which on one CPU thread took half the
-    time of the unfused one that dropout needs (one layer, batch 64, length 200, forward and
-    backward); 3 layers of 4 heads cost 1.70x the old default per epoch with it, 1.27x
-    without."""
+    At 0 PyTorch runs its fused attention kernel, which on one CPU thread takes about half the
+    time of the unfused one that dropout needs."""
     block: str = "residual"
     """How each attention and feed-forward output joins the stream: 'residual' (x + y, as in
     SASRec and most transformers) or 'gated' (a GRU-style gate, GTrXL; 12 more dim x dim
@@ -92,35 +93,23 @@ class ModelConfig:
     position (False: items and positions only, as SASRec)."""
     recency_bias: bool = True
     """Bias each attention head towards recent events (ALiBi: a penalty growing linearly with
-    the distance back, a different slope per head), besides the learned positions. On
-    validation: +0.007 full / +0.009 sampled NDCG@10 on ML-100K (benchmarks/results/
-    model_search.md)."""
+    the distance back, a different slope per head), besides the learned positions."""
     learned_positions: bool = True
     """Add a learned vector per place in the window (counted from its first event) to each
     event's input, as SASRec. With recency_bias the attention already knows how far back each
-    event is, so false (no position table) is an option. Validated against the default,
-    seeds 0-2 (2026-11-26, full / sampled NDCG@10 medians): ML-100K input order 0.139 / 0.525
-    against 0.131 / 0.524 (full higher on every seed), but strict ties 0.103 / 0.481 against
-    0.106 / 0.477 (full lower on every seed), and it peaks sooner and stops on an earlier
-    spike there (best epochs 22-38); the synthetic set 0.257 / 0.899 against 0.255 / 0.899.
-    Not a win on every set (strict ties are the default protocol), so it stays on
-    (benchmarks/results/quality_history.md)."""
+    event is, so false (no position table) is an option; it validated higher with input-order
+    ties but lower under strict ties, the default protocol, so the table stays."""
     time_bias: bool = False
     """Also bias each attention head by the time between two events: a learned per-head
     penalty on log1p(hours) from the later event back to the earlier (time-interval-aware
     attention, as TiSASRec), so a burst of events reads as one session. Uses the history's
-    time gaps only, so it stays causal; works with or without recency_bias. On ML-100K (input
-    order, seed 0) its validation curve followed the default's within noise and ended at
-    0.130 full / 0.515 sampled NDCG@10 against 0.134 / 0.517, so it is off."""
+    time gaps only, so it stays causal. Off: with or without learned positions it validated
+    level with the model without it."""
     item_category: bool = False
     """Add a learned vector per item category (the feature job's vocab.json item_category, e.g.
-    MovieLens's first genre) to each item's vector, on input and in scoring, so that items of
-    a category share what is learned of it. No effect where the data names no categories.
-    Validated against the default, seeds 0-2 (full / sampled NDCG@10 medians): ML-100K input
-    order 0.131 / 0.520 against 0.125 / 0.516 (sampled higher on every seed), but strict ties
-    0.103 / 0.472 against 0.100 / 0.477, and the synthetic set 0.255 / 0.898 against 0.257 /
-    0.901 (sampled lower on every seed); it also peaks earlier (epochs 28-38 against 50-54
-    under strict ties). Not a win on every set, so it is off."""
+    MovieLens's first genre) to each item's vector, on input and in scoring. No effect where
+    the data names no categories. Off: it raised validation sampled NDCG@10 with input-order
+    ties but lowered it under strict ties and on the synthetic set (item_tags does more)."""
     item_tags: bool = True
     """Add the mean of learned tag vectors to each item's vector, on input and in scoring: the
     feature job's vocab.json item_tags, each item's genres and, where known, its release-year
@@ -128,12 +117,8 @@ class ModelConfig:
     the synthetic set: its category and series; an `events:` source: the item attributes'
     genres and year columns). Items sharing a tag share what is learned of it, which helps
     items with few events. No effect where the data names no tags; a dataset built before
-    tags existed is refused in one line (rebuild it, or set this false). On since 2026-11-26,
-    validated against the model without it, seeds 0-2 (full / sampled NDCG@10 medians):
-    ML-100K input order 0.129 / 0.519 against 0.125 / 0.516 (sampled higher on every seed),
-    strict ties 0.105 / 0.478 against 0.100 / 0.477 (both higher on every seed), the synthetic
-    set 0.254 / 0.898 against 0.257 / 0.900 (lower on 2 of 3 seeds, within its seed spread);
-    best epochs 34-54 against 48-82 (benchmarks/results/quality_history.md)."""
+    tags existed is refused in one line (rebuild it, or set this false). On since 2026-11-26:
+    higher on ML-100K under both tie rules, level on the synthetic set, and it peaks sooner."""
     item_bias: bool = True
     """Learn a per-item score bias (popularity) besides the dot product with the client state."""
     exclude_seen: bool = True
@@ -145,32 +130,28 @@ class ModelConfig:
     """Leave the other targets predicted from the same state out of each target's negatives.
     Under the strict tie rule every event of a group tied in time is a target of the state
     before the group (76% of ML-100K's training targets share their state), and each would
-    otherwise be a negative of the others. No effect on data without such groups. On ML-100K's
-    strict-ties validation (seed 0) it trained as the default within 0.004 at every
-    validation, so it is off."""
+    otherwise be a negative of the others. No effect on data without such groups. Off: under
+    strict ties it trained as the default within noise."""
     loss: str = "full"
     """Next-item loss: 'full' softmax, 'sampled' softmax or 'bce' with sampled negatives."""
     negatives: int = 100
     """Sampled negatives per target for the 'sampled' and 'bce' losses (and uniform_bce_weight)."""
     uniform_bce_weight: float = 0.0
     """With loss 'full': add this weight times a binary loss of each target against `negatives`
-    uniformly drawn items, the kind of negatives the sampled evaluation ranks it against. At
-    weight 1 on ML-100K (seed 0) validation sampled NDCG@10 fell (0.495 against 0.509), so 0."""
+    uniformly drawn items, the kind of negatives the sampled evaluation ranks it against. 0:
+    at weight 1 validation sampled NDCG@10 fell."""
     future_targets: int = 1
     """How many of the client's next events each state's next-item loss predicts: 1, the next
     one only (SASRec's objective); k > 1 also the 2nd..k-th next events of the same example,
     the j-th next weighted by future_decay^(j-1), with the events between them no negatives.
-    Needs model.loss=full. Evaluation still ranks the next event only. On ML-100K (input
-    order, seed 0) 2 and 3 raised validation sampled NDCG@10 (0.522 against 0.517) and lowered
-    full NDCG@10 (0.126 and 0.125 against 0.134); 2 fell on both on seed 1, so it is off."""
+    Needs model.loss=full. Evaluation still ranks the next event only. 1: 2 and 3 lowered
+    validation full NDCG@10."""
     future_decay: float = 0.5
     """Loss weight ratio from one future event to the next (with future_targets > 1)."""
     head_weights: dict[str, float] = field(default_factory=lambda: {"next_item": 1.0, "sale": 0.5})
     """Loss weight per head; the heads trained are the keys ('next_item', 'sale'). The sale
-    head's 0.5 (0.3 from 2026-11-25, 0.1 before) was chosen on validation with item tags, seeds
-    0-2 of ML-100K (both tie rules) and the synthetic set: its AUC rose or stayed level on all
-    nine runs (strict ties 0.784 against 0.776 on the mean) with ranking level. Without tags,
-    0.3 had been chosen over 0.1 (AUC 0.770 against 0.758) and weight 1 had cost ranking."""
+    head's 0.5 (0.3 from 2026-11-25, 0.1 before): its validation AUC rose or stayed level on
+    all nine runs with ranking level; weight 1 cost ranking."""
 
     def __post_init__(self):
         _check(self.dim >= 1 and self.layers >= 1 and self.heads >= 1, "model sizes must be >= 1")
