@@ -52,11 +52,12 @@ def cell_args(model: str, extra: list[str]) -> list[str]:
     return [*MODELS[model], *COMMON, *extra]
 
 
-def matching(records: list[dict], data: str, fingerprint: str) -> dict[int, dict]:
-    """The newest logged trial per seed for (data, fingerprint) at RANKS ranks."""
+def matching(records: list[dict], data: str, fingerprint: str, seeds) -> dict[int, dict]:
+    """The newest logged trial per seed of `seeds` for (data, fingerprint) at RANKS ranks
+    (other seeds logged for other purposes stay out of the report)."""
     found = {}
     for r in records:
-        if (r["data"] == data and r["ranks"] == RANKS
+        if (r["data"] == data and r["ranks"] == RANKS and r["seed"] in seeds
                 and model_search.record_fingerprint(r) == fingerprint):
             found[r["seed"]] = r
     return found
@@ -80,7 +81,7 @@ def run_missing(datasets: dict, extra: list[str], seeds, root: Path, ml100k: Pat
         path = build_dataset(data, source, options, root / "features", ml100k)
         for model in MODELS:
             args = cell_args(model, extra)
-            have = matching(read_log(log), data, model_search.config_fingerprint(args))
+            have = matching(read_log(log), data, model_search.config_fingerprint(args), seeds)
             for seed in (s for s in seeds if s not in have):
                 print(f"[quality] {data} {model} seed {seed} ...", flush=True)
                 record = model_search.run_trial(path, root / "runs", f"{data}-{model}", args,
@@ -104,7 +105,7 @@ def report(records: list[dict], datasets: dict, extra: list[str], seeds) -> str:
         popularity = None
         for model in MODELS:
             fingerprint = model_search.config_fingerprint(cell_args(model, extra))
-            rs = list(matching(records, data, fingerprint).values())
+            rs = list(matching(records, data, fingerprint, seeds).values())
             if not rs:
                 lines.append(f"| {data} | {model} | 0 of {len(seeds)} | not measured"
                              + " |" * 6)

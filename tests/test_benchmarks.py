@@ -240,3 +240,10 @@ def test_a_failed_benchmark_keeps_its_work_folder_for_the_logs(capsys):
     assert (failed / "run.log").read_text() == "the error"
     assert str(failed) in capsys.readouterr().err
     shutil.rmtree(failed)
+
+
+def test_the_quality_report_keeps_to_the_seeds_it_reports(monkeypatch):
+    # Every record matches the cell's config here; only the seed may leave one out.
+    monkeypatch.setattr(model_search, "record_fingerprint", lambda record: "cell")
+    logged = [{"data": "d", "ranks": quality_report.RANKS, "seed": seed} for seed in (0, 1, 3)]
+    assert sorted(quality_report.matching(logged, "d", "cell", (0, 1, 2))) == [0, 1]
