@@ -3,7 +3,8 @@
     cfg = load_config("ml100k", ["optim.lr=1e-3", "epochs=30"])   # a preset name or a YAML path
     cfg, args = config_from_argv(["--data", DIR, "--config", "ml100k", "optim.lr=1e-3"])
 
-Defaults are the dataclasses below; a preset (hvd_ctsm/presets/NAME.yaml, shipped in the wheel)
+Defaults are the dataclasses below (the model section, ModelConfig, in hvd_ctsm.model_config,
+each of its defaults with its reason); a preset (hvd_ctsm/presets/NAME.yaml, shipped in the wheel)
 overrides some of them and `section.field=value` overrides win over both. Every value is converted
 to its field's declared type (hvd_ctsm.config_types), so `optim.lr=1e-3` is a float and
 `epochs=3.7` is refused, naming the field, the value and the type; __post_init__ then checks
@@ -21,15 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from hvd_ctsm.config_types import ConfigError, build, check
-
-
-def _check(condition: bool, message: str) -> None:
-    check(condition, message)
-
-
-def _one_of(name: str, value, allowed) -> None:
-    _check(value in allowed, f"{name}={value!r} is not one of {sorted(allowed)}")
+from hvd_ctsm.config_types import ConfigError, build, check, one_of
+from hvd_ctsm.model_config import ModelConfig
 
 
 @dataclass
@@ -55,128 +49,11 @@ class DataConfig:
     only: elastic runs batch by rows."""
 
     def __post_init__(self):
-        _check(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
-        _check(self.prefetch_batches >= 0, "data.prefetch_batches must be >= 0")
-        _check(self.read_ahead_steps >= 0, "data.read_ahead_steps must be >= 0")
-        _check(self.shuffle_buffer >= 0, "data.shuffle_buffer must be >= 0")
-        _one_of("data.balance", self.balance, {"rows", "targets", "length"})
-
-
-@dataclass
-class ModelConfig:
-    """The encoder and its heads. Each default was chosen on the validation splits of ML-100K
-    (both tie rules) and the synthetic set; the numbers behind each choice, and what was
-    rejected, are in benchmarks/results/quality_history.md."""
-
-    dim: int = 64
-    """Width of embeddings and client states."""
-    layers: int = 3
-    """Causal attention blocks. 3 of 4 heads without attention dropout (since 2026-11-25; 2 of
-    2 with it before) validated at or above 2 x 2 on every seed of every set, at about 1.27x
-    the time per epoch."""
-    heads: int = 4
-    """Attention heads per block (must divide dim)."""
-    dropout: float = 0.2
-    """Dropout on embeddings, attention and feed-forward outputs."""
-    attention_dropout: float | None = 0.0
-    """Dropout on the attention weights (None: model.dropout, the default until 2026-11-25).
-    At 0 PyTorch runs its fused attention kernel, which on one CPU thread takes about half the
-    time of the unfused one that dropout needs."""
-    block: str = "residual"
-    """How each attention and feed-forward output joins the stream: 'residual' (x + y, as in
-    SASRec and most transformers) or 'gated' (a GRU-style gate, GTrXL; 12 more dim x dim
-    products per block)."""
-    ff_mult: int = 4
-    """Feed-forward width as a multiple of dim (SASRec: 1, most transformers: 4)."""
-    side_features: bool = True
-    """Feed the event type, value, time gap and client attributes besides the item and its
-    position (False: items and positions only, as SASRec)."""
-    recency_bias: bool = True
-    """Bias each attention head towards recent events (ALiBi: a penalty growing linearly with
-    the distance back, a different slope per head), besides the learned positions."""
-    learned_positions: bool = True
-    """Add a learned vector per place in the window (counted from its first event) to each
-    event's input, as SASRec. With recency_bias the attention already knows how far back each
-    event is, so false (no position table) is an option; it validated higher with input-order
-    ties but lower under strict ties, the default protocol, so the table stays."""
-    time_bias: bool = False
-    """Also bias each attention head by the time between two events: a learned per-head
-    penalty on log1p(hours) from the later event back to the earlier (time-interval-aware
-    attention, as TiSASRec), so a burst of events reads as one session. Uses the history's
-    time gaps only, so it stays causal. Off: with or without learned positions it validated
-    level with the model without it."""
-    item_category: bool = False
-    """Add a learned vector per item category (the feature job's vocab.json item_category, e.g.
-    MovieLens's first genre) to each item's vector, on input and in scoring. No effect where
-    the data names no categories. Off: it raised validation sampled NDCG@10 with input-order
-    ties but lowered it under strict ties and on the synthetic set (item_tags does more)."""
-    item_tags: bool = True
-    """Add the mean of learned tag vectors to each item's vector, on input and in scoring: the
-    feature job's vocab.json item_tags, each item's genres and, where known, its release-year
-    era, one of about ten eras of equal item counts (MovieLens: its genres and release date;
-    the synthetic set: its category and series; an `events:` source: the item attributes'
-    genres and year columns). Items sharing a tag share what is learned of it, which helps
-    items with few events. No effect where the data names no tags; a dataset built before
-    tags existed is refused in one line (rebuild it, or set this false). On since 2026-11-26:
-    higher on ML-100K under both tie rules, level on the synthetic set, and it peaks sooner."""
-    item_bias: bool = True
-    """Learn a per-item score bias (popularity) besides the dot product with the client state."""
-    exclude_seen: bool = True
-    """Leave the items a client already had (in the example's window, up to the state's
-    position) out of the next-item loss's negatives; a target that repeats one stays the
-    target. Full-ranking evaluation and scoring never offer those items, so without this the
-    loss spends effort pushing down scores that are never used."""
-    exclude_tied: bool = False
-    """Leave the other targets predicted from the same state out of each target's negatives.
-    Under the strict tie rule every event of a group tied in time is a target of the state
-    before the group (76% of ML-100K's training targets share their state), and each would
-    otherwise be a negative of the others. No effect on data without such groups. Off: under
-    strict ties it trained as the default within noise."""
-    loss: str = "full"
-    """Next-item loss: 'full' softmax, 'sampled' softmax or 'bce' with sampled negatives."""
-    negatives: int = 100
-    """Sampled negatives per target for the 'sampled' and 'bce' losses (and uniform_bce_weight)."""
-    uniform_bce_weight: float = 0.0
-    """With loss 'full': add this weight times a binary loss of each target against `negatives`
-    uniformly drawn items, the kind of negatives the sampled evaluation ranks it against. 0:
-    at weight 1 validation sampled NDCG@10 fell."""
-    future_targets: int = 1
-    """How many of the client's next events each state's next-item loss predicts: 1, the next
-    one only (SASRec's objective); k > 1 also the 2nd..k-th next events of the same example,
-    the j-th next weighted by future_decay^(j-1), with the events between them no negatives.
-    Needs model.loss=full. Evaluation still ranks the next event only. 1: 2 and 3 lowered
-    validation full NDCG@10."""
-    future_decay: float = 0.5
-    """Loss weight ratio from one future event to the next (with future_targets > 1)."""
-    head_weights: dict[str, float] = field(default_factory=lambda: {"next_item": 1.0, "sale": 0.5})
-    """Loss weight per head; the heads trained are the keys ('next_item', 'sale'). The sale
-    head's 0.5 (0.3 from 2026-11-25, 0.1 before): its validation AUC rose or stayed level on
-    all nine runs with ranking level; weight 1 cost ranking."""
-
-    def __post_init__(self):
-        _check(self.dim >= 1 and self.layers >= 1 and self.heads >= 1, "model sizes must be >= 1")
-        _check(self.dim % self.heads == 0, f"model.dim {self.dim} is not divisible by "
-               f"model.heads {self.heads}: choose a multiple of it, or set model.heads")
-        _check(0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1), got {self.dropout}")
-        _check(self.attention_dropout is None or 0.0 <= self.attention_dropout < 1.0,
-               f"model.attention_dropout must be in [0, 1), got {self.attention_dropout}")
-        _one_of("model.loss", self.loss, {"full", "sampled", "bce"})
-        _one_of("model.block", self.block, {"residual", "gated"})
-        _check(self.ff_mult >= 1, f"model.ff_mult must be >= 1, got {self.ff_mult}")
-        _check(self.negatives >= 1, "model.negatives must be >= 1")
-        _check(self.uniform_bce_weight >= 0, "model.uniform_bce_weight must be >= 0")
-        _check(self.uniform_bce_weight == 0 or self.loss == "full",
-               "model.uniform_bce_weight needs model.loss=full (the others sample already)")
-        _check(self.future_targets >= 1,
-               f"model.future_targets must be >= 1, got {self.future_targets}")
-        _check(self.future_targets == 1 or self.loss == "full",
-               "model.future_targets > 1 needs model.loss=full")
-        _check(0.0 < self.future_decay <= 1.0,
-               f"model.future_decay must be in (0, 1], got {self.future_decay}")
-        _check("next_item" in self.head_weights, "model.head_weights needs 'next_item'")
-        for name, weight in self.head_weights.items():
-            _one_of("model.head_weights key", name, {"next_item", "sale"})
-            _check(weight >= 0, f"model.head_weights[{name}] must be >= 0")
+        check(self.batch_size >= 1, f"data.batch_size must be >= 1, got {self.batch_size}")
+        check(self.prefetch_batches >= 0, "data.prefetch_batches must be >= 0")
+        check(self.read_ahead_steps >= 0, "data.read_ahead_steps must be >= 0")
+        check(self.shuffle_buffer >= 0, "data.shuffle_buffer must be >= 0")
+        one_of("data.balance", self.balance, {"rows", "targets", "length"})
 
 
 @dataclass
@@ -207,14 +84,14 @@ class OptimConfig:
     it validated level with the weights themselves (benchmarks/results/quality_history.md)."""
 
     def __post_init__(self):
-        _check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
-        _check(self.base_batch_size >= 1, "optim.base_batch_size must be >= 1")
-        _one_of("optim.lr_scaling", self.lr_scaling, {"linear", "sqrt", "none"})
-        _one_of("optim.decay", self.decay, {"cosine", "none"})
-        _check(self.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
-        _check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio must be in [0, 1]")
-        _check(self.weight_decay >= 0 and self.clip_grad_norm >= 0, "must be >= 0")
-        _check(0.0 <= self.ema_decay < 1.0,
+        check(self.lr > 0, f"optim.lr must be > 0, got {self.lr}")
+        check(self.base_batch_size >= 1, "optim.base_batch_size must be >= 1")
+        one_of("optim.lr_scaling", self.lr_scaling, {"linear", "sqrt", "none"})
+        one_of("optim.decay", self.decay, {"cosine", "none"})
+        check(self.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
+        check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio must be in [0, 1]")
+        check(self.weight_decay >= 0 and self.clip_grad_norm >= 0, "must be >= 0")
+        check(0.0 <= self.ema_decay < 1.0,
                f"optim.ema_decay must be in [0, 1), got {self.ema_decay}")
 
 
@@ -256,15 +133,15 @@ class DistConfig:
     before stopping with an error (executors of a new application register after it starts)."""
 
     def __post_init__(self):
-        _check(self.spark_slot_wait_s >= 0, "dist.spark_slot_wait_s must be >= 0")
-        _check(self.spark_nics is None or all(n.strip() for n in self.spark_nics.split(",")),
+        check(self.spark_slot_wait_s >= 0, "dist.spark_slot_wait_s must be >= 0")
+        check(self.spark_nics is None or all(n.strip() for n in self.spark_nics.split(",")),
                "dist.spark_nics must name interfaces, comma-separated (e.g. 'lo' or 'eth0')")
-        _one_of("dist.backend", self.backend, {"auto", "horovod", "torch"})
-        _one_of("dist.compression", self.compression, {"none", "fp16"})
-        _one_of("dist.op", self.op, {"average", "adasum"})
-        _check(self.backward_passes_per_step >= 1, "dist.backward_passes_per_step must be >= 1")
-        _check(self.gradient_predivide_factor > 0, "dist.gradient_predivide_factor must be > 0")
-        _check(self.op == "average" or self.gradient_predivide_factor == 1.0,
+        one_of("dist.backend", self.backend, {"auto", "horovod", "torch"})
+        one_of("dist.compression", self.compression, {"none", "fp16"})
+        one_of("dist.op", self.op, {"average", "adasum"})
+        check(self.backward_passes_per_step >= 1, "dist.backward_passes_per_step must be >= 1")
+        check(self.gradient_predivide_factor > 0, "dist.gradient_predivide_factor must be > 0")
+        check(self.op == "average" or self.gradient_predivide_factor == 1.0,
                "dist.gradient_predivide_factor only applies to op=average")
 
 
@@ -286,8 +163,8 @@ class TrackingConfig:
     deployed last (moved only after a passed gate)."""
 
     def __post_init__(self):
-        _check(bool(self.experiment.strip()), "tracking.experiment must not be empty")
-        _check(bool(self.registered_model.strip()), "tracking.registered_model must not be empty")
+        check(bool(self.experiment.strip()), "tracking.experiment must not be empty")
+        check(bool(self.registered_model.strip()), "tracking.registered_model must not be empty")
 
 
 @dataclass
@@ -299,9 +176,9 @@ class DebugConfig:
 
     def __post_init__(self):
         for rank, seconds in self.step_delay_s.items():
-            _check(rank == "*" or rank.isdigit(),
+            check(rank == "*" or rank.isdigit(),
                    f"debug.step_delay_s: key {rank!r} must be a rank number or '*'")
-            _check(seconds >= 0, f"debug.step_delay_s[{rank}] must be >= 0, got {seconds}")
+            check(seconds >= 0, f"debug.step_delay_s[{rank}] must be >= 0, got {seconds}")
 
 
 @dataclass
@@ -341,13 +218,13 @@ class TrainConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
 
     def __post_init__(self):
-        _check(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
-        _check(self.eval_every_epochs >= 1, "eval_every_epochs must be >= 1")
-        _check(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
-        _check(self.early_stop_evals >= 0, "early_stop_evals must be >= 0")
-        _check(self.checkpoint_every_steps >= 0 and self.max_steps >= 0, "must be >= 0")
-        _one_of("amp", self.amp, {"auto", "bf16", "fp16", "off"})
-        _check(self.commit_every_steps >= 1,
+        check(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        check(self.eval_every_epochs >= 1, "eval_every_epochs must be >= 1")
+        check(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
+        check(self.early_stop_evals >= 0, "early_stop_evals must be >= 0")
+        check(self.checkpoint_every_steps >= 0 and self.max_steps >= 0, "must be >= 0")
+        one_of("amp", self.amp, {"auto", "bf16", "fp16", "off"})
+        check(self.commit_every_steps >= 1,
                f"commit_every_steps must be >= 1, got {self.commit_every_steps}")
 
 
@@ -363,13 +240,13 @@ def from_dict(cls, values: dict):
 def apply_overrides(values: dict, overrides: list[str]) -> dict:
     """Put each `section.field=value` into `values` as text; build() converts it by type."""
     for item in overrides:
-        _check("=" in item, f"override {item!r} must look like section.field=value")
+        check("=" in item, f"override {item!r} must look like section.field=value")
         dotted, raw = item.split("=", 1)
         node = values
         *parents, leaf = dotted.strip().split(".")
         for part in parents:
             node = node.setdefault(part, {})
-            _check(isinstance(node, dict), f"{dotted}: {part} is not a section")
+            check(isinstance(node, dict), f"{dotted}: {part} is not a section")
         node[leaf] = raw.strip()
     return values
 
@@ -393,10 +270,10 @@ def read_preset(path: str) -> dict:
         text = Path(path).read_text()
     else:
         preset = resources.files("hvd_ctsm").joinpath("presets", f"{path}.yaml")
-        _check(preset.is_file(), f"config file {path} not found (presets: {preset_names()})")
+        check(preset.is_file(), f"config file {path} not found (presets: {preset_names()})")
         text = preset.read_text()
     values = yaml.safe_load(text) or {}
-    _check(isinstance(values, dict), f"{path} must hold a mapping of section: field: value")
+    check(isinstance(values, dict), f"{path} must hold a mapping of section: field: value")
     return values
 
 

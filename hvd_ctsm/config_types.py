@@ -31,6 +31,10 @@ def check(condition: bool, message: str) -> None:
         raise ConfigError(f"config: {message}")
 
 
+def one_of(name: str, value, allowed) -> None:
+    check(value in allowed, f"{name}={value!r} is not one of {sorted(allowed)}")
+
+
 def _refuse(name: str, value, expected: str) -> typing.NoReturn:
     shown = value.strip() if isinstance(value, str) else json.dumps(value, default=str)
     raise ConfigError(f"config: {name}={shown} has the wrong type: expected {expected}")

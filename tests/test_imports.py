@@ -138,8 +138,8 @@ def test_lower_layers_never_import_upward():
 # hvd_ctsm's layers, bottom first, as README's architecture section lists them. A module may
 # import its own layer and those below; a subpackage (tracking, distributed) is one module here.
 LAYERS = [
-    {"hvd_ctsm", "schema", "atomic", "config", "config_types", "storage", "dataset_meta", "errors",
-     "outputs", "npy_codec", "metrics", "faults", "model", "heads",
+    {"hvd_ctsm", "schema", "atomic", "config", "config_types", "model_config", "storage",
+     "dataset_meta", "errors", "outputs", "npy_codec", "metrics", "faults", "model", "heads",
      "weight_average", "distributed",
      "spark_session", "cpu_memory"},
     {"data", "checkpoint", "run_folder", "evaluate", "topk", "tracking", "serving", "backtest"},
