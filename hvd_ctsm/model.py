@@ -126,6 +126,21 @@ def recency_bias(heads: int, t: int, device=None) -> torch.Tensor:
     return -slopes[:, None, None] * distance + causal_mask(t, device)
 
 
+def position_bucket_of(max_len: int, buckets: int) -> torch.Tensor:
+    """[max_len] the position table's row for each place in the window: the place itself
+    (buckets=0), or one of `buckets` rows: the first buckets // 2 places keep a row each and
+    the later ones share the other rows in log-spaced ranges (as T5's relative buckets), so
+    the rarely filled late places pool what they learn. Each place's row depends on that place
+    alone, so a state still reads nothing of the events after it."""
+    places = torch.arange(max_len)
+    if buckets <= 0 or buckets >= max_len:
+        return places
+    exact = max(1, buckets // 2)
+    spread = (buckets - exact) / math.log(max_len / exact)
+    shared = exact + (torch.log(places.clamp(min=exact) / exact) * spread).floor().long()
+    return torch.where(places < exact, places, shared.clamp(max=buckets - 1))
+
+
 def causal_mask(t: int, device=None) -> torch.Tensor:
     """[t, t] additive mask: 0 at and below the diagonal, -inf above it (the future)."""
     future = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
@@ -149,15 +164,20 @@ class TemporalEncoder(nn.Module):
                  block: str = "residual", ff_mult: int = 4, side_features: bool = True,
                  recency_bias: bool = False, attention_dropout: float | None = None,
                  time_bias: bool = False, item_category: bool = False, item_tags: bool = False,
-                 learned_positions: bool = True):
+                 learned_positions: bool = True, position_buckets: int = 0):
         super().__init__()
         if dim % heads:
             raise ValueError(f"model dim {dim} is not divisible by heads {heads}")
         if block not in MERGES:
             raise ValueError(f"unknown block {block!r}; known: {sorted(MERGES)}")
         self.item = nn.Embedding(sizes.num_items, dim, padding_idx=0)
-        # A learned vector per place in the window, counted from its first event (as SASRec).
-        self.position = nn.Embedding(sizes.max_len, dim) if learned_positions else None
+        # A learned vector per place in the window, counted from its first event (as SASRec),
+        # or with position_buckets one per bucket of places.
+        self.position = None
+        if learned_positions:
+            places = position_bucket_of(sizes.max_len, position_buckets)
+            self.register_buffer("place_to_row", places, persistent=False)
+            self.position = nn.Embedding(int(places.max()) + 1, dim)
         self.category = None
         if item_category:  # an item's vector adds its category's, shared by the category's items
             known = sizes.item_category or [0] * sizes.num_items
@@ -211,7 +231,7 @@ class TemporalEncoder(nn.Module):
         items = batch["item"]
         x = self.item_vectors(items) * math.sqrt(self.dim)
         if self.position is not None:
-            x = x + self.position(torch.arange(items.shape[1], device=items.device))
+            x = x + self.position(self.place_to_row[:items.shape[1]])
         if self.side_features:
             x = x + self.event_type(batch["event_type"])
             x = x + self.numeric(torch.stack([batch["value"], batch["log_gap"]], dim=-1))
@@ -261,13 +281,14 @@ LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias
                "exclude_seen": False, "recency_bias": False, "uniform_bce_weight": 0.0,
                "exclude_tied": False, "attention_dropout": None, "future_targets": 1,
                "future_decay": 0.5, "time_bias": False, "item_category": False,
-               "item_tags": False, "learned_positions": True}
+               "item_tags": False, "learned_positions": True, "position_buckets": 0}
 
 
 # What makes two saved models the same network (besides vocabulary sizes): a warm start copies
 # weights only between equal architectures. Dropout, loss and loss weights may change.
 ARCHITECTURE = ("dim", "layers", "heads", "block", "ff_mult", "side_features", "recency_bias",
-                "item_bias", "time_bias", "item_category", "item_tags", "learned_positions")
+                "item_bias", "time_bias", "item_category", "item_tags", "learned_positions",
+                "position_buckets")
 
 
 def architecture(model: dict) -> dict:
@@ -285,12 +306,14 @@ class CTSM(nn.Module):
                  block="residual", ff_mult=4, side_features=True, item_bias=True,
                  exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0, exclude_tied=False,
                  attention_dropout=0.0, future_targets=1, future_decay=0.5, time_bias=False,
-                 item_category=False, item_tags=False, learned_positions=True):
+                 item_category=False, item_tags=False, learned_positions=True,
+                 position_buckets=0):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
                                        side_features, recency_bias, attention_dropout, time_bias,
-                                       item_category, item_tags, learned_positions)
+                                       item_category, item_tags, learned_positions,
+                                       position_buckets)
         built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias,
                                                    exclude_seen, uniform_bce_weight, exclude_tied,
                                                    future_targets, future_decay),

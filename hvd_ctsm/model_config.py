@@ -50,6 +50,10 @@ class ModelConfig:
     event's input, as SASRec. With recency_bias the attention already knows how far back each
     event is, so false (no position table) is an option; it validated higher with input-order
     ties but lower under strict ties, the default protocol, so the table stays."""
+    position_buckets: int = 0
+    """With learned_positions: 0 gives each place in the window a vector of its own; N > 0
+    keeps N vectors, one for each of the first N / 2 places and the rest shared by the later
+    places in log-spaced ranges, so the late places, which few windows fill, pool theirs."""
     time_bias: bool = False
     """Also bias each attention head by the time between two events: a learned per-head
     penalty on log1p(hours) from the later event back to the earlier (time-interval-aware
@@ -114,6 +118,8 @@ class ModelConfig:
         one_of("model.loss", self.loss, {"full", "sampled", "bce"})
         one_of("model.block", self.block, {"residual", "gated"})
         check(self.ff_mult >= 1, f"model.ff_mult must be >= 1, got {self.ff_mult}")
+        check(self.position_buckets >= 0,
+               f"model.position_buckets must be >= 0, got {self.position_buckets}")
         check(self.negatives >= 1, "model.negatives must be >= 1")
         check(self.uniform_bce_weight >= 0, "model.uniform_bce_weight must be >= 0")
         check(self.uniform_bce_weight == 0 or self.loss == "full",

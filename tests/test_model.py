@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from hvd_ctsm.heads import future_pairs, seen_items, tied_targets
-from hvd_ctsm.model import CTSM, ModelSizes, architecture, recency_bias, time_gap_bias
+from hvd_ctsm.model import (CTSM, ModelSizes, architecture, position_bucket_of, recency_bias,
+                            time_gap_bias)
 
 CATEGORIES = [0] + [1 + i % 3 for i in range(49)]  # item 0 (padding) has none
 # Tags: item i has tag 1 + i % 4, also tag 5 when i is even, none when i % 7 == 0.
@@ -42,6 +43,7 @@ ARCHS = {  # CTSM's variants (the default has a recency bias) and the SASRec-sty
     "category": dict(block="residual", recency_bias=True, item_category=True),
     "tags": dict(block="residual", recency_bias=True, item_tags=True),
     "no-positions": dict(block="residual", recency_bias=True, learned_positions=False),
+    "position-buckets": dict(block="residual", recency_bias=True, position_buckets=4),
     "sasrec": dict(block="residual", ff_mult=1, side_features=False, recency_bias=False),
 }
 
@@ -174,6 +176,16 @@ def test_learned_positions_off_leaves_no_position_table_and_old_models_keep_thei
            "negatives": 5, "head_weights": {"next_item": 1.0}}  # saved before the setting
     assert "encoder.position.weight" in names(CTSM.from_config(SIZES, old))
     assert architecture(old)["learned_positions"] is True
+
+
+def test_position_buckets_keep_the_first_places_apart_and_share_the_late_ones():
+    rows = position_bucket_of(200, 16).tolist()
+    assert rows[0] == 0 and rows[-1] == 15 and sorted(set(rows)) == list(range(16))
+    assert rows == sorted(rows)  # a later place never gets an earlier row
+    assert rows[:8] == list(range(8)) and set(rows[100:]) == {14, 15}  # 100 places, 2 rows
+    assert position_bucket_of(10, 0).tolist() == list(range(10))
+    table = model(position_buckets=4).encoder.position.weight
+    assert table.shape[0] == 4
 
 
 def test_attention_dropout_defaults_to_the_dropout_and_can_be_set_apart():
