@@ -53,7 +53,9 @@ class ModelConfig:
     position_buckets: int = 0
     """With learned_positions: 0 gives each place in the window a vector of its own; N > 0
     keeps N vectors, one for each of the first N / 2 places and the rest shared by the later
-    places in log-spaced ranges, so the late places, which few windows fill, pool theirs."""
+    places in log-spaced ranges, so the late places, which few windows fill, pool theirs.
+    0: 16 validated like no positions at all, higher with input-order ties and lower under
+    strict ties."""
     time_bias: bool = False
     """Also bias each attention head by the time between two events: a learned per-head
     penalty on log1p(hours) from the later event back to the earlier (time-interval-aware
