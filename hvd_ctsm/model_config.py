@@ -88,7 +88,7 @@ class ModelConfig:
     Under the strict tie rule every event of a group tied in time is a target of the state
     before the group (76% of ML-100K's training targets share their state), and each would
     otherwise be a negative of the others. No effect on data without such groups. Off: under
-    strict ties it trained as the default within noise."""
+    strict ties it raised validation sampled NDCG@10 and lowered full NDCG@10 on every seed."""
     loss: str = "full"
     """Next-item loss: 'full' softmax, 'sampled' softmax or 'bce' with sampled negatives."""
     negatives: int = 100
