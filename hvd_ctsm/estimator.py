@@ -33,15 +33,17 @@ FEATURES, LABEL = ["history", "item"], "label"
 
 class SequenceSaleModel(nn.Module):
     """p(sale) of (history of item indices, right-padded with 0, candidate item): a CTSM encoder
-    and its sale head, for rows that carry item sequences only (every event a purchase)."""
+    and its sale head, for rows that carry item sequences only (every event a purchase). With
+    `item_tags` (each item's tag indices, vocab.json's), each item's vector adds the mean of its
+    tags' vectors, as the trainer's default model (model.item_tags) does."""
 
     def __init__(self, num_items: int, max_len: int, dim: int = 32, layers: int = 1,
-                 heads: int = 2, dropout: float = 0.1):
+                 heads: int = 2, dropout: float = 0.1, item_tags: list[list[int]] | None = None):
         super().__init__()
         sizes = ModelSizes(num_items=num_items, num_event_types=len(EVENT_TYPES) + 1,
-                           max_len=max_len)
+                           max_len=max_len, item_tags=item_tags or [])
         self.ctsm = CTSM(sizes, dim=dim, layers=layers, heads=heads, dropout=dropout,
-                         head_names=("next_item", "sale"))
+                         head_names=("next_item", "sale"), item_tags=bool(item_tags))
 
     def forward(self, history: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
         history = history.long().reshape(item.shape[0], -1)
@@ -78,10 +80,11 @@ def sequence_frame(spark, data: str, split: str, max_len: int):
 
 
 def build_estimator(store_path: str, num_items: int, max_len: int, num_proc: int = 2,
-                    epochs: int = 2, batch_size: int = 64, lr: float = 0.005):
+                    epochs: int = 2, batch_size: int = 64, lr: float = 0.005,
+                    item_tags: list[list[int]] | None = None):
     from hvd_ctsm import distributed
 
-    model = SequenceSaleModel(num_items, max_len)
+    model = SequenceSaleModel(num_items, max_len, item_tags=item_tags)
     return distributed.torch_estimator(
         num_proc=num_proc, store=distributed.spark_store(store_path), model=model,
         optimizer=torch.optim.Adam(model.parameters(), lr=lr), loss=nn.BCELoss(),
@@ -91,11 +94,14 @@ def build_estimator(store_path: str, num_items: int, max_len: int, num_proc: int
 
 def fit_and_predict(spark, data: str, store: str, num_proc: int = 2, epochs: int = 2,
                     max_len: int = 20):
-    """Fit on the train split's targets, transform the test split's; (model, predictions)."""
-    from hvd_ctsm.dataset_meta import read_metadata
+    """Fit on the train split's targets, transform the test split's; (model, predictions).
+    The items' tags are used where the dataset has them (a dataset built before tags existed
+    trains on items alone)."""
+    from hvd_ctsm.dataset_meta import item_tags, read_metadata, read_vocab
 
-    num_items = read_metadata(data).num_items
-    estimator = build_estimator(store, num_items, max_len, num_proc, epochs)
+    meta = read_metadata(data)
+    tags = item_tags(data, meta) if "item_tags" in read_vocab(data)[1] else None
+    estimator = build_estimator(store, meta.num_items, max_len, num_proc, epochs, item_tags=tags)
     fitted = estimator.fit(sequence_frame(spark, data, "train", max_len))
     return fitted, fitted.transform(sequence_frame(spark, data, "test", max_len))
 

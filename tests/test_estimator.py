@@ -56,3 +56,20 @@ def test_a_missing_dataset_is_one_line(tmp_path, capsys):
                  "--out", str(tmp_path / "out")])
     assert code == EXIT_BAD_INPUT
     assert "point --data at a folder" in capsys.readouterr().err
+
+
+def test_the_estimators_model_reads_item_tags_where_the_dataset_has_them():
+    import torch
+
+    from hvd_ctsm.estimator import SequenceSaleModel
+
+    tags = [[]] + [[1 + i % 2] for i in range(9)]  # items 1..9, two tags
+    history, item = torch.tensor([[1, 2, 0, 0]]), torch.tensor([3])
+    torch.manual_seed(0)
+    tagged = SequenceSaleModel(10, 4, item_tags=tags).eval()
+    assert tagged.ctsm.encoder.tags is not None
+    before = tagged(history, item)
+    with torch.no_grad():
+        tagged.ctsm.encoder.tags.weight[1:] += 1.0  # the tags' vectors change what it predicts
+    assert not torch.allclose(before, tagged(history, item))
+    assert SequenceSaleModel(10, 4).ctsm.encoder.tags is None  # no tags: items alone
