@@ -113,12 +113,16 @@ def item_categories(data_dir: str | Path, meta: DatasetMeta) -> list[int]:
     return categories
 
 
-def item_tags(data_dir: str | Path, meta: DatasetMeta) -> list[list[int]]:
+def item_tags(data_dir: str | Path, meta: DatasetMeta,
+              required: bool = True) -> list[list[int]] | None:
     """Each item's tag indices (genres, release-year era) from the dataset's vocab.json,
-    checked; a dataset built before tags existed is refused with the fix."""
+    checked; a dataset built before tags existed is refused with the fix, or with
+    required=False gives None (a reader that can do without them)."""
     path, vocab = read_vocab(data_dir)
     tags, names = vocab.get("item_tags"), vocab.get("tags")
     if tags is None or names is None:
+        if not required:
+            return None
         raise DatasetError(f"{path} has no item tags (model.item_tags needs them): "
                            f"{REBUILD}, or set model.item_tags=false")
     if (not isinstance(tags, list) or len(tags) != meta.num_items

@@ -97,10 +97,10 @@ def fit_and_predict(spark, data: str, store: str, num_proc: int = 2, epochs: int
     """Fit on the train split's targets, transform the test split's; (model, predictions).
     The items' tags are used where the dataset has them (a dataset built before tags existed
     trains on items alone)."""
-    from hvd_ctsm.dataset_meta import item_tags, read_metadata, read_vocab
+    from hvd_ctsm.dataset_meta import item_tags, read_metadata
 
     meta = read_metadata(data)
-    tags = item_tags(data, meta) if "item_tags" in read_vocab(data)[1] else None
+    tags = item_tags(data, meta, required=False)
     estimator = build_estimator(store, meta.num_items, max_len, num_proc, epochs, item_tags=tags)
     fitted = estimator.fit(sequence_frame(spark, data, "train", max_len))
     return fitted, fitted.transform(sequence_frame(spark, data, "test", max_len))

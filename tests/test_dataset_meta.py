@@ -91,3 +91,7 @@ def test_item_tags_are_read_from_vocab_json_and_an_older_dataset_is_refused(tmp_
     (tmp_path / "vocab.json").write_text(json.dumps({"item_category": [0, 1, 1]}))
     with pytest.raises(DatasetError, match="has no item tags"):
         item_tags(tmp_path, meta)
+    assert item_tags(tmp_path, meta, required=False) is None  # a reader that can do without
+    (tmp_path / "vocab.json").write_text(json.dumps({"tags": names, "item_tags": [[], [1]]}))
+    with pytest.raises(DatasetError, match="not a list of tag indices"):  # damaged: refused
+        item_tags(tmp_path, meta, required=False)
