@@ -16,8 +16,7 @@ from hvd_ctsm.config_types import check, one_of
 @dataclass
 class ModelConfig:
     """The encoder and its heads. Each default was chosen on the validation splits of ML-100K
-    (both tie rules) and the synthetic set; the numbers behind each choice, and what was
-    rejected, are in benchmarks/results/quality_history.md."""
+    (both tie rules) and the synthetic set (the record: see the module docstring)."""
 
     dim: int = 64
     """Width of embeddings and client states."""
