@@ -197,6 +197,12 @@ class TrainConfig:
     """Stop when validation NDCG@10 (full ranking) has not improved for this many validations
     in a row (0: train all `epochs`). Either way the saved model (model.pt) is the best one
     validated, not the last."""
+    anneal_after_evals: int = 0
+    """Once validation NDCG@10 has not improved for this many validations in a row, go back to
+    the best validated weights and train on at anneal_lr_factor times the scheduled lr; early
+    stopping (early_stop_evals) then counts from there. 0: never."""
+    anneal_lr_factor: float = 0.1
+    """The lr multiplier after the anneal (anneal_after_evals)."""
     checkpoint_every_steps: int = 0
     """Also checkpoint every N optimizer steps within an epoch (0: only at epoch ends)."""
     log_every_steps: int = 10
@@ -222,6 +228,12 @@ class TrainConfig:
         check(self.eval_every_epochs >= 1, "eval_every_epochs must be >= 1")
         check(self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
         check(self.early_stop_evals >= 0, "early_stop_evals must be >= 0")
+        check(self.anneal_after_evals >= 0, "anneal_after_evals must be >= 0")
+        check(0.0 < self.anneal_lr_factor <= 1.0,
+               f"anneal_lr_factor must be in (0, 1], got {self.anneal_lr_factor}")
+        check(not (self.anneal_after_evals and self.optim.ema_decay),
+               "anneal_after_evals needs optim.ema_decay=0 (it returns to the weights, not "
+               "their average)")
         check(self.checkpoint_every_steps >= 0 and self.max_steps >= 0, "must be >= 0")
         one_of("amp", self.amp, {"auto", "bf16", "fp16", "off"})
         check(self.commit_every_steps >= 1,

@@ -161,6 +161,8 @@ def check_elastic_config(cfg) -> None:
         raise ValueError("config: --elastic trains with dist.backward_passes_per_step=1 only")
     if cfg.max_steps:
         raise ValueError("config: --elastic has no max_steps; stop with epochs")
+    if cfg.anneal_after_evals:
+        raise ValueError("config: --elastic has no anneal_after_evals yet; set it to 0")
 
 
 def announce_size(state, out: Path, started: float) -> None:

@@ -164,11 +164,31 @@ class Trainer:
 
     def no_longer_improving(self, best: dict, epoch: int) -> bool:
         """early_stop_evals validations in a row without a better NDCG@10 (the same on every
-        rank: validation metrics are combined over ranks)."""
+        rank: validation metrics are combined over ranks), counted from the anneal if any."""
         cfg = self.cfg
         if not cfg.early_stop_evals or "epoch" not in best or epoch >= cfg.epochs:
             return False
-        return epoch - best["epoch"] >= cfg.early_stop_evals * cfg.eval_every_epochs
+        if cfg.anneal_after_evals and "annealed_at" not in best:
+            return False  # the plateau anneals first (anneal_due)
+        since = max(best["epoch"], best.get("annealed_at", 0))
+        return epoch - since >= cfg.early_stop_evals * cfg.eval_every_epochs
+
+    def anneal_due(self, best: dict, epoch: int) -> bool:
+        """anneal_after_evals validations in a row without a better NDCG@10, not annealed yet."""
+        cfg = self.cfg
+        if not cfg.anneal_after_evals or "epoch" not in best or "annealed_at" in best:
+            return False
+        return epoch < cfg.epochs and \
+            epoch - best["epoch"] >= cfg.anneal_after_evals * cfg.eval_every_epochs
+
+    def lower_lr(self) -> None:
+        """From now on the schedule's lr times anneal_lr_factor (after an anneal, or on resuming
+        an annealed run: the multiplier is not in the scheduler's state)."""
+        factor, scheduler = self.cfg.anneal_lr_factor, self.scheduler
+        scheduler.lr_lambdas = [lambda step, f=f: factor * f(step) for f in scheduler.lr_lambdas]
+        for group, base, rule in zip(self.optimizer.param_groups, scheduler.base_lrs,
+                                     scheduler.lr_lambdas, strict=True):
+            group["lr"] = base * rule(scheduler.last_epoch)
 
     def checkpoint(self, checkpoints: CheckpointManager, position: dict,
                    is_best: bool = False) -> None:

@@ -35,6 +35,8 @@ def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) 
     trainer = build_trainer(cfg)
     checkpoints = CheckpointManager(Path(cfg.out) / "checkpoints", cfg.keep_checkpoints)
     position = start_position(trainer, checkpoints, resume, init_from)
+    if "annealed_at" in position["best"]:
+        trainer.lower_lr()
     trainer.open_logs(resume)
     bar = progress_bar(dist.is_root() and cfg.progress, trainer.total_steps, position["step"])
     step, best = position["step"], position["best"]
@@ -71,7 +73,10 @@ def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) 
             last_validation = {"epoch": epoch + 1, "step": step, **metrics}
             is_best = metrics["full"]["ndcg@10"] > best["ndcg@10"]
             if is_best:
-                best = {"ndcg@10": metrics["full"]["ndcg@10"], "epoch": epoch + 1}
+                best = best | {"ndcg@10": metrics["full"]["ndcg@10"], "epoch": epoch + 1}
+        if trainer.anneal_due(best, epoch + 1):  # before the checkpoint, so a resume keeps it
+            best = best | {"annealed_at": epoch + 1}
+            anneal(trainer, checkpoints, best)
         trainer.checkpoint(checkpoints, {"epoch": epoch + 1, "batch": 0, "step": step,
                                          "best": best}, is_best)
         if trainer.no_longer_improving(best, epoch + 1):
@@ -144,6 +149,17 @@ def keep_best_weights(model, checkpoints: CheckpointManager, best: dict) -> int 
     averaged = state.get("weight_average")  # optim.ema_decay: the average was validated
     model.load_state_dict(averaged["weights"] if averaged else state["model"])
     return best["epoch"]
+
+
+def anneal(trainer: Trainer, checkpoints: CheckpointManager, best: dict) -> None:
+    """Validation has stalled: every rank goes back to the best validated weights (rank 0's
+    best.pt, broadcast) and trains on at a lower lr."""
+    if dist.is_root():
+        keep_best_weights(trainer.model, checkpoints, best)
+        log.info("no better validation since epoch %d: back to its weights, lr x%g from epoch %d",
+                 best["epoch"], trainer.cfg.anneal_lr_factor, best["annealed_at"])
+    dist.broadcast_state(trainer.model, trainer.optimizer)
+    trainer.lower_lr()
 
 
 def read_ahead_now(trainer: Trainer, epoch: int, done: int, step: int, stop_at: int) -> bool:
