@@ -3,7 +3,8 @@
     python -m hvd_ctsm.estimator --data FEATURES --store DIR --out PREDICTIONS [--num-proc 2]
                                  [--overwrite]
 
-`fit(df)` trains a CTSM's encoder and p(sale) head on (history, item, label) rows through a
+`fit(df)` trains a CTSM's encoder and p(sale) head on (history, item, label) rows (the history's
+items, event types, values and time gaps: `sequence_frame`) through a
 Store, with Horovod on the Spark executors, and returns a Spark ML Transformer whose `transform`
 adds `label__output` = p(sale) to every (client, item) row. The Store holds the intermediate
 Parquet data and the run's checkpoints: a local folder here, `hdfs://...` (HDFSStore) on Hadoop,
@@ -25,17 +26,21 @@ from torch import nn
 from hvd_ctsm import outputs, storage
 from hvd_ctsm.errors import EXIT_BAD_INPUT
 from hvd_ctsm.model import CTSM, ModelSizes
-from hvd_ctsm.schema import EVENT_TYPE_INDEX, EVENT_TYPES
+from hvd_ctsm.schema import EVENT_TYPES
 from hvd_ctsm.storage import StorageError
 
-FEATURES, LABEL = ["history", "item"], "label"
+# The frame's history columns: (column, the dataset's field, element type).
+HISTORY = [("history", "item", int), ("history_type", "event_type", int),
+           ("history_value", "value", float), ("history_gap", "log_gap", float)]
+FEATURES, LABEL = [column for column, _, _ in HISTORY] + ["item"], "label"
 
 
 class SequenceSaleModel(nn.Module):
-    """p(sale) of (history of item indices, right-padded with 0, candidate item): a CTSM encoder
-    and its sale head, for rows that carry item sequences only (every event a purchase). With
-    `item_tags` (each item's tag indices, vocab.json's), each item's vector adds the mean of its
-    tags' vectors, as the trainer's default model (model.item_tags) does."""
+    """p(sale) of (a history's item indices, event types, values and log time gaps, each
+    right-padded with 0; a candidate item): a CTSM encoder with its side features but no client
+    attributes, and its sale head. With `item_tags` (each item's tag indices, vocab.json's),
+    each item's vector adds the mean of its tags' vectors, as the trainer's default model
+    (model.item_tags) does."""
 
     def __init__(self, num_items: int, max_len: int, dim: int = 32, layers: int = 1,
                  heads: int = 2, dropout: float = 0.1, item_tags: list[list[int]] | None = None):
@@ -45,38 +50,49 @@ class SequenceSaleModel(nn.Module):
         self.ctsm = CTSM(sizes, dim=dim, layers=layers, heads=heads, dropout=dropout,
                          head_names=("next_item", "sale"), item_tags=bool(item_tags))
 
-    def forward(self, history: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
-        history = history.long().reshape(item.shape[0], -1)
-        present = history > 0
-        batch = {"item": history,
-                 "event_type": present.long() * EVENT_TYPE_INDEX["purchase"],
-                 "value": torch.zeros(history.shape), "log_gap": torch.zeros(history.shape),
+    def forward(self, history: torch.Tensor, history_type: torch.Tensor,
+                history_value: torch.Tensor, history_gap: torch.Tensor,
+                item: torch.Tensor) -> torch.Tensor:
+        rows = item.shape[0]
+        history = history.long().reshape(rows, -1)
+        batch = {"item": history, "event_type": history_type.long().reshape(rows, -1),
+                 "value": history_value.float().reshape(rows, -1),
+                 "log_gap": history_gap.float().reshape(rows, -1),
                  "client_attrs": torch.zeros((*history.shape, 0), dtype=torch.long)}
-        last = (present.sum(dim=1) - 1).clamp(min=0)
+        last = ((history > 0).sum(dim=1) - 1).clamp(min=0)
         states = self.ctsm.encoder(batch)[torch.arange(len(last)), last]
         return self.ctsm.p_sale(states, item.long().reshape(-1))
 
 
 def sequence_frame(spark, data: str, split: str, max_len: int):
-    """(client_id, history, item, label) rows, one per target of a feature-job split; history:
-    the item indices up to the target's position (the last max_len), right-padded to max_len."""
+    """(client_id, history, history_type, history_value, history_gap, item, label) rows, one
+    per target of a feature-job split; the history columns: the events up to the target's
+    position (the last max_len; none after it), right-padded with 0 to max_len."""
     from petastorm.spark_utils import dataset_as_rdd
 
     from hvd_ctsm.data import split_url
     from hvd_ctsm.schema import make_schema
 
-    def rows(example):
-        for pos, item, label in zip(example.target_pos, example.target_item,
-                                    example.target_label, strict=True):
-            history = [int(i) for i in example.item[:pos + 1][-max_len:]]
-            yield (str(example.client_id), history + [0] * (max_len - len(history)), int(item),
-                   float(label))
-
     schema = make_schema()
-    fields = ["client_id", "item", "target_pos", "target_item", "target_label"]
+    fields = ["client_id", *[field for _, field, _ in HISTORY], "target_pos", "target_item",
+              "target_label"]
     rdd = dataset_as_rdd(split_url(data, split), spark, [schema.fields[f] for f in fields])
-    return spark.createDataFrame(rdd.flatMap(rows),
-                                 "client_id string, history array<int>, item int, label float")
+    columns = ", ".join(f"{column} array<{kind.__name__}>" for column, _, kind in HISTORY)
+    return spark.createDataFrame(rdd.flatMap(lambda example: frame_rows(example, max_len)),
+                                 f"client_id string, {columns}, item int, label float")
+
+
+def frame_rows(example, max_len: int):
+    """sequence_frame's rows of one dataset example: per target, the HISTORY columns of the
+    events up to its position (the state that predicts it; never a later event)."""
+    def padded(values, pos: int, kind) -> list:
+        kept = [kind(v) for v in values[:pos + 1][-max_len:]]
+        return kept + [kind(0)] * (max_len - len(kept))
+
+    for pos, item, label in zip(example.target_pos, example.target_item, example.target_label,
+                                strict=True):
+        history = [padded(getattr(example, field), pos, kind) for _, field, kind in HISTORY]
+        yield (str(example.client_id), *history, int(item), float(label))
 
 
 def build_estimator(store_path: str, num_items: int, max_len: int, num_proc: int = 2,
@@ -88,7 +104,8 @@ def build_estimator(store_path: str, num_items: int, max_len: int, num_proc: int
     return distributed.torch_estimator(
         num_proc=num_proc, store=distributed.spark_store(store_path), model=model,
         optimizer=torch.optim.Adam(model.parameters(), lr=lr), loss=nn.BCELoss(),
-        input_shapes=[[-1, max_len], [-1]], feature_cols=FEATURES, label_cols=[LABEL],
+        input_shapes=[[-1, max_len]] * len(HISTORY) + [[-1]], feature_cols=FEATURES,
+        label_cols=[LABEL],
         batch_size=batch_size, epochs=epochs, verbose=0)
 
 

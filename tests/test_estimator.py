@@ -14,6 +14,15 @@ from hvd_ctsm.estimator import main, sequence_frame
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
 
 
+def _row():
+    """One row of the estimator's model inputs: two past events, two padded places."""
+    import torch
+
+    return (torch.tensor([[1, 2, 0, 0]]), torch.tensor([[1, 2, 0, 0]]),
+            torch.tensor([[4.0, 3.0, 0.0, 0.0]]), torch.tensor([[0.0, 1.5, 0.0, 0.0]]),
+            torch.tensor([3]))
+
+
 def test_fit_then_transform_predicts_every_row(spark, tiny_features, tmp_path):
     test_rows = sequence_frame(spark, str(tiny_features), "test", 20).toPandas()
     assert all(len(h) == 20 for h in test_rows["history"])
@@ -64,12 +73,44 @@ def test_the_estimators_model_reads_item_tags_where_the_dataset_has_them():
     from hvd_ctsm.estimator import SequenceSaleModel
 
     tags = [[]] + [[1 + i % 2] for i in range(9)]  # items 1..9, two tags
-    history, item = torch.tensor([[1, 2, 0, 0]]), torch.tensor([3])
     torch.manual_seed(0)
     tagged = SequenceSaleModel(10, 4, item_tags=tags).eval()
     assert tagged.ctsm.encoder.tags is not None
-    before = tagged(history, item)
+    before = tagged(*_row())
     with torch.no_grad():
         tagged.ctsm.encoder.tags.weight[1:] += 1.0  # the tags' vectors change what it predicts
-    assert not torch.allclose(before, tagged(history, item))
+    assert not torch.allclose(before, tagged(*_row()))
     assert SequenceSaleModel(10, 4).ctsm.encoder.tags is None  # no tags: items alone
+
+
+def test_each_rows_history_ends_at_its_targets_position():
+    """No later event reaches a row: every history column stops at the target's position."""
+    from types import SimpleNamespace
+
+    from hvd_ctsm.estimator import frame_rows
+
+    example = SimpleNamespace(client_id="c", item=[5, 6, 7, 8], event_type=[1, 2, 1, 2],
+                              value=[1.0, 2.0, 3.0, 4.0], log_gap=[0.0, 0.5, 1.5, 2.5],
+                              target_pos=[0, 2], target_item=[6, 8], target_label=[1.0, 0.0])
+    first, second = frame_rows(example, max_len=2)
+    assert first == ("c", [5, 0], [1, 0], [1.0, 0.0], [0.0, 0.0], 6, 1.0)
+    assert second == ("c", [6, 7], [2, 1], [2.0, 3.0], [0.5, 1.5], 8, 0.0)  # the last 2 of 0..2
+
+
+def test_the_estimators_model_reads_the_events_types_values_and_gaps():
+    """The p(sale) head reads what the trainer's model reads of each past event (on ML-100K the
+    past ratings are most of what it knows); padded places stay out."""
+    import torch
+
+    from hvd_ctsm.estimator import SequenceSaleModel
+
+    torch.manual_seed(0)
+    model = SequenceSaleModel(10, 4).eval()
+    history, types, values, gaps, item = _row()
+    before = model(history, types, values, gaps, item)
+    for changed in ([history, types + (types > 0), values, gaps, item],
+                    [history, types, values + 2.0 * (values > 0), gaps, item],
+                    [history, types, values, gaps + 1.0 * (history > 0), item]):
+        assert not torch.allclose(before, model(*changed))
+    padded_changed = [history, types, values + 3.0 * (history == 0), gaps, item]
+    assert torch.allclose(before, model(*padded_changed))
