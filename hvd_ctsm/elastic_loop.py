@@ -19,7 +19,7 @@ from hvd_ctsm.data import split_url
 from hvd_ctsm.elastic import (GlobalOrder, RowGroupCache, SampleClock, announce_size,
                               check_elastic_config, epoch_batches, plan_or_fail, row_groups,
                               set_lr_scale)
-from hvd_ctsm.train_support import lr_scale, lr_schedule, progress_bar, warm_start
+from hvd_ctsm.train_support import lr_scale, lr_schedule, make_optimizer, progress_bar, warm_start
 from hvd_ctsm.trainer import Trainer, start_rank
 
 
@@ -35,9 +35,8 @@ def build(cfg, init_from) -> tuple[Trainer, list, SampleClock, int]:
     steps_per_epoch = sum(g.rows for g in groups) // clock.unit
     total = steps_per_epoch * cfg.epochs
     # Elastic Horovod only (train.check_launch); one micro-batch a step (check_elastic_config).
-    net, optimizer = dist.current().wrap(
-        model, torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr,
-                                 weight_decay=cfg.optim.weight_decay), cfg.dist)
+    net, optimizer = dist.current().wrap(model, make_optimizer(model, cfg.optim, cfg.optim.lr),
+                                         cfg.dist)
     factor = lr_schedule(cfg.optim, lr_scale(cfg.optim, clock.unit), total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: factor(clock.step()))
     trainer = Trainer(cfg, meta, model, device, optimizer, scheduler, net=net,

@@ -42,6 +42,11 @@ def lr_scale(optim: OptimConfig, effective_batch: int) -> float:
     return {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[optim.lr_scaling]
 
 
+def make_optimizer(model: torch.nn.Module, optim: OptimConfig, lr: float) -> torch.optim.AdamW:
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, optim.adam_beta2),
+                             weight_decay=optim.weight_decay)
+
+
 def lr_schedule(optim: OptimConfig, scale: float, total_steps: int):
     """Multiplier of the scaled lr per step: warm up from the unscaled lr, then cosine decay."""
     warmup = min(optim.warmup_steps, max(total_steps - 1, 0))

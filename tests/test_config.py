@@ -25,6 +25,7 @@ def test_preset_and_overrides():
     ("model.attention_dropout=1", "model.attention_dropout must be in"),
     ("model.future_targets=0", "model.future_targets must be >= 1"),
     ("model.future_decay=0", "model.future_decay must be in (0, 1]"),
+    ("optim.adam_beta2=1", "optim.adam_beta2 must be in"),
 ])
 def test_bad_values_stop_with_a_clear_error(override, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
@@ -132,3 +133,15 @@ def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path, ca
     assert load_config("sasrec", ["optim.lr=1e-3", f"out={out}"]) == \
         from_dict(TrainConfig, printed)  # what it prints is the config a run would use
     assert not out.exists()
+
+
+def test_the_optimizer_takes_adam_beta2_from_the_config():
+    import torch
+
+    from hvd_ctsm.train_support import make_optimizer
+
+    model = torch.nn.Linear(2, 1)
+    for overrides, beta2 in (([], 0.999), (["optim.adam_beta2=0.98"], 0.98)):
+        optim = load_config(None, overrides).optim
+        group = make_optimizer(model, optim, lr=0.01).param_groups[0]
+        assert group["betas"] == (0.9, beta2) and group["lr"] == 0.01

@@ -24,8 +24,8 @@ from hvd_ctsm import faults
 from hvd_ctsm.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.config import TrainConfig
 from hvd_ctsm.data import plan_epoch, prefetch, split_url, train_batches
-from hvd_ctsm.train_support import (lr_scale, lr_schedule, progress_bar, restore, split_batch,
-                                    warm_start)
+from hvd_ctsm.train_support import (lr_scale, lr_schedule, make_optimizer, progress_bar, restore,
+                                    split_batch, warm_start)
 from hvd_ctsm.trainer import Trainer, start_rank
 
 log = logging.getLogger("hvd_ctsm.train")
@@ -99,8 +99,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     effective_batch = cfg.data.batch_size * dist.size() * micro
     scale = lr_scale(cfg.optim, effective_batch)
     net, optimizer = dist.current().wrap(
-        model, torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr * scale,
-                                 weight_decay=cfg.optim.weight_decay), cfg.dist)
+        model, make_optimizer(model, cfg.optim, cfg.optim.lr * scale), cfg.dist)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_schedule(cfg.optim, scale, total_steps))
     if dist.is_root():
