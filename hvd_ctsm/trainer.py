@@ -182,10 +182,10 @@ class Trainer:
             epoch - best["epoch"] >= cfg.anneal_after_evals * cfg.eval_every_epochs
 
     def lower_lr(self) -> None:
-        """From now on the schedule's lr times anneal_lr_factor (after an anneal, or on resuming
-        an annealed run: the multiplier is not in the scheduler's state)."""
-        factor, scheduler = self.cfg.anneal_lr_factor, self.scheduler
-        scheduler.lr_lambdas = [lambda step, f=f: factor * f(step) for f in scheduler.lr_lambdas]
+        """From now on the schedule's lr times anneal_lr_factor: the factor goes into the
+        scheduler's base lrs, which its checkpointed state carries, so a resume keeps it."""
+        scheduler = self.scheduler
+        scheduler.base_lrs = [lr * self.cfg.anneal_lr_factor for lr in scheduler.base_lrs]
         for group, base, rule in zip(self.optimizer.param_groups, scheduler.base_lrs,
                                      scheduler.lr_lambdas, strict=True):
             group["lr"] = base * rule(scheduler.last_epoch)

@@ -57,6 +57,12 @@ def test_lower_lr_scales_the_lr_now_and_every_later_step():
     optimizer.step()
     scheduler.step()
     assert scheduler.get_last_lr()[0] == pytest.approx(0.1 / 5)
+    resumed = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD([weight], lr=1.0),
+                                                lambda step: 1.0 / (1 + step))
+    resumed.load_state_dict(scheduler.state_dict())  # what --resume does: the factor comes too
+    resumed.optimizer.step()
+    resumed.step()
+    assert resumed.get_last_lr()[0] == pytest.approx(0.1 / 6)
 
 
 @pytest.mark.parametrize("overrides, message", [

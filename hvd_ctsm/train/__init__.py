@@ -35,8 +35,6 @@ def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) 
     trainer = build_trainer(cfg)
     checkpoints = CheckpointManager(Path(cfg.out) / "checkpoints", cfg.keep_checkpoints)
     position = start_position(trainer, checkpoints, resume, init_from)
-    if "annealed_at" in position["best"]:
-        trainer.lower_lr()
     trainer.open_logs(resume)
     bar = progress_bar(dist.is_root() and cfg.progress, trainer.total_steps, position["step"])
     step, best = position["step"], position["best"]
