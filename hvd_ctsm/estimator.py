@@ -4,10 +4,10 @@
                                  [--overwrite]
 
 `fit(df)` trains a CTSM's encoder and p(sale) head on (history, item, label) rows (the history's
-items, event types, values and time gaps: `sequence_frame`) through a
-Store, with Horovod on the Spark executors, and returns a Spark ML Transformer whose `transform`
-adds `label__output` = p(sale) to every (client, item) row. The Store holds the intermediate
-Parquet data and the run's checkpoints: a local folder here, `hdfs://...` (HDFSStore) on Hadoop,
+items, event types, values and time gaps: `sequence_frame`) through a Store, with Horovod on the
+Spark executors, and returns a Spark ML Transformer whose `transform` adds `label__output` =
+p(sale) to every (client, item) row. The Store holds the intermediate Parquet data and the run's
+checkpoints: a local folder here, `hdfs://...` (HDFSStore) on Hadoop,
 `/dbfs/...` (DBFSLocalStore) on Databricks; `hvd_ctsm.distributed.spark_store` picks by prefix.
 
 The estimator starts helper processes with `spawn`, which re-imports the driver's main module:
@@ -59,9 +59,9 @@ class SequenceSaleModel(nn.Module):
                  "value": history_value.float().reshape(rows, -1),
                  "log_gap": history_gap.float().reshape(rows, -1),
                  "client_attrs": torch.zeros((*history.shape, 0), dtype=torch.long)}
-        last = ((history > 0).sum(dim=1) - 1).clamp(min=0)
-        states = self.ctsm.encoder(batch)[torch.arange(len(last)), last]
-        return self.ctsm.p_sale(states, item.long().reshape(-1))
+        batch["target_row"] = torch.arange(rows)  # each row's state after its last event
+        batch["target_pos"] = ((history > 0).sum(dim=1) - 1).clamp(min=0)
+        return self.ctsm.p_sale(self.ctsm.states_at(batch), item.long().reshape(-1))
 
 
 def sequence_frame(spark, data: str, split: str, max_len: int):
