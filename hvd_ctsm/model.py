@@ -164,7 +164,8 @@ class TemporalEncoder(nn.Module):
                  block: str = "residual", ff_mult: int = 4, side_features: bool = True,
                  recency_bias: bool = False, attention_dropout: float | None = None,
                  time_bias: bool = False, item_category: bool = False, item_tags: bool = False,
-                 learned_positions: bool = True, position_buckets: int = 0):
+                 learned_positions: bool = True, position_buckets: int = 0,
+                 feature_init_std: float | None = None):
         super().__init__()
         if dim % heads:
             raise ValueError(f"model dim {dim} is not divisible by heads {heads}")
@@ -209,6 +210,20 @@ class TemporalEncoder(nn.Module):
         nn.init.normal_(self.item.weight, std=dim**-0.5)
         with torch.no_grad():
             self.item.weight[0].zero_()
+        if feature_init_std is not None:  # None: PyTorch's default, 1 (the draws as before)
+            self._init_added(feature_init_std)
+
+    def _init_added(self, std: float) -> None:
+        """Draw the tables whose vectors are added to each event's item vector (places, event
+        types, client attributes) at `std` per component; the item's own vector starts at 1."""
+        tables = [self.position] if self.position is not None else []
+        if self.side_features:
+            tables += [self.event_type, *self.attrs]
+        for table in tables:
+            nn.init.normal_(table.weight, std=std)
+            if table.padding_idx is not None:
+                with torch.no_grad():
+                    table.weight[table.padding_idx].zero_()
 
     def _init_tags(self, sizes: ModelSizes, dim: int) -> None:
         """item_to_tags: [num_items, most tags] tag indices padded with 0; tag_share: 1 / each
@@ -281,7 +296,8 @@ LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias
                "exclude_seen": False, "recency_bias": False, "uniform_bce_weight": 0.0,
                "exclude_tied": False, "attention_dropout": None, "future_targets": 1,
                "future_decay": 0.5, "time_bias": False, "item_category": False,
-               "item_tags": False, "learned_positions": True, "position_buckets": 0}
+               "item_tags": False, "learned_positions": True, "position_buckets": 0,
+               "feature_init_std": None}
 
 
 # What makes two saved models the same network (besides vocabulary sizes): a warm start copies
@@ -307,13 +323,13 @@ class CTSM(nn.Module):
                  exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0, exclude_tied=False,
                  attention_dropout=0.0, future_targets=1, future_decay=0.5, time_bias=False,
                  item_category=False, item_tags=False, learned_positions=True,
-                 position_buckets=0):
+                 position_buckets=0, feature_init_std=None):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
                                        side_features, recency_bias, attention_dropout, time_bias,
                                        item_category, item_tags, learned_positions,
-                                       position_buckets)
+                                       position_buckets, feature_init_std)
         built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias,
                                                    exclude_seen, uniform_bce_weight, exclude_tied,
                                                    future_targets, future_decay),

@@ -55,6 +55,14 @@ class ModelConfig:
     places in log-spaced ranges, so the late places, which few windows fill, pool theirs.
     0: 16 validated like no positions at all, higher with input-order ties and lower under
     strict ties."""
+    feature_init_std: float | None = None
+    """Initial spread (standard deviation per component) of the vectors added to each event's
+    item vector: its place in the window, its event type and the client's attributes. The
+    item's own vector starts at 1 per component. None: PyTorch's default for these tables, also
+    1, so at the start the added vectors (up to six with side features) outweigh the item's and
+    training must first shrink what it cannot use; a smaller value starts them near zero, to
+    grow only where they help. Initialisation only: a saved model is the same network either
+    way."""
     time_bias: bool = False
     """Also bias each attention head by the time between two events: a learned per-head
     penalty on log1p(hours) from the later event back to the earlier (time-interval-aware
@@ -119,6 +127,8 @@ class ModelConfig:
         one_of("model.loss", self.loss, {"full", "sampled", "bce"})
         one_of("model.block", self.block, {"residual", "gated"})
         check(self.ff_mult >= 1, f"model.ff_mult must be >= 1, got {self.ff_mult}")
+        check(self.feature_init_std is None or self.feature_init_std > 0,
+              f"model.feature_init_std must be > 0, got {self.feature_init_std}")
         check(self.position_buckets >= 0,
                f"model.position_buckets must be >= 0, got {self.position_buckets}")
         check(self.negatives >= 1, "model.negatives must be >= 1")

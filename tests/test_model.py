@@ -178,6 +178,19 @@ def test_learned_positions_off_leaves_no_position_table_and_old_models_keep_thei
     assert architecture(old)["learned_positions"] is True
 
 
+def test_feature_init_std_draws_the_added_tables_at_that_spread_and_none_keeps_pytorchs():
+    small = model(feature_init_std=0.05).encoder
+    for table in (small.position, small.event_type, *small.attrs):
+        drawn = table.weight if table.padding_idx is None else table.weight[1:]
+        assert 0.03 < drawn.std().item() < 0.07
+        if table.padding_idx is not None:
+            assert not table.weight[table.padding_idx].any()
+    assert small.item.weight.std().item() == pytest.approx(16 ** -0.5, rel=0.2)  # untouched
+    assert model().encoder.position.weight.std().item() == pytest.approx(1.0, rel=0.2)
+    base = {"dim": 16, "layers": 1, "heads": 2, "head_weights": {}}
+    assert architecture(base | {"feature_init_std": 0.05}) == architecture(base)  # warm starts
+
+
 def test_position_buckets_keep_the_first_places_apart_and_share_the_late_ones():
     rows = position_bucket_of(200, 16).tolist()
     assert rows[0] == 0 and rows[-1] == 15 and sorted(set(rows)) == list(range(16))
