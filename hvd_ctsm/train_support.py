@@ -64,6 +64,15 @@ def lr_schedule(optim: OptimConfig, scale: float, total_steps: int):
     return factor
 
 
+def set_schedule(scheduler, base_lrs: list[float], step: int) -> None:
+    """A LambdaLR schedule from `step` on, with `base_lrs` as its peak lrs (its state carries
+    them, so a resume keeps them)."""
+    scheduler.base_lrs, scheduler.last_epoch = list(base_lrs), step
+    for group, base, rule in zip(scheduler.optimizer.param_groups, scheduler.base_lrs,
+                                 scheduler.lr_lambdas, strict=True):
+        group["lr"] = base * rule(step)
+
+
 class StepTimer:
     """Wall time per phase (data, forward, backward, allreduce, step), as totals and shares."""
 
@@ -147,9 +156,44 @@ def restore(checkpoints: CheckpointManager, model, optimizer, scheduler, meta: D
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    if "effective_batch" not in state["position"]:  # saved before checkpoints recorded it
+        config = state["config"]
+        state["position"]["effective_batch"] = config["data"]["batch_size"] * len(
+            state["position"]["rng"]) * config["dist"]["backward_passes_per_step"]
     log.info("resumed from step %d (epoch %d, step %d of the epoch)", state["position"]["step"],
              state["position"]["epoch"], state["position"]["batch"])
     return state
+
+
+def rebase_schedule(trainer, position: dict) -> dict:
+    """A resume under another effective batch (other ranks, data.batch_size or micro-steps)
+    than the checkpoint's: an epoch is then another number of steps, and the peak lr scales
+    with the batch (optim.lr_scaling). From the end of an epoch the run goes on from the same
+    epoch with this run's steps and peak lr (times anneal_lr_factor once annealed); from
+    inside an epoch the rows already trained cannot be told apart under another split, so it
+    is refused. Returns the position to start from."""
+    was, now = position.get("effective_batch", trainer.effective_batch), trainer.effective_batch
+    if was == now:
+        return position
+    cfg = trainer.cfg
+    if position["batch"]:
+        steps, ranks = position["batch"], dist.size()
+        raise SystemExit(
+            f"error: --resume: the latest checkpoint is {steps} step{'s' * (steps != 1)} into "
+            f"epoch {position['epoch'] + 1}, trained with an effective batch of {was} rows; this "
+            f"run's is {now} ({ranks} rank{'s' * (ranks != 1)} x data.batch_size="
+            f"{cfg.data.batch_size}): resume "
+            f"with the ranks and batch size it had (max_steps=N can stop it at the end of an "
+            f"epoch, from where another effective batch can go on), or train into a new --out")
+    annealed = cfg.anneal_lr_factor if "annealed_at" in position["best"] else 1.0
+    peak = cfg.optim.lr * lr_scale(cfg.optim, now) * annealed
+    step = position["epoch"] * trainer.plan.steps
+    set_schedule(trainer.scheduler, [peak for _ in trainer.scheduler.base_lrs], step)
+    if dist.is_root():
+        log.info("--resume under an effective batch of %d (was %d): epoch %d starts at step %d "
+                 "of %d, peak lr %.3g", now, was, position["epoch"] + 1, step,
+                 trainer.total_steps, peak)
+    return position | {"step": step, "effective_batch": now}
 
 
 def warm_start(model, path: str, root: bool) -> None:

@@ -33,7 +33,7 @@ from hvd_ctsm.data import EpochPlan, eval_batches, split_url
 from hvd_ctsm.dataset_meta import DatasetMeta, read_metadata
 from hvd_ctsm.evaluate import evaluate, model_scorer
 from hvd_ctsm.model import CTSM
-from hvd_ctsm.train_support import StepTimer, autocast_for, build_model_sizes
+from hvd_ctsm.train_support import StepTimer, autocast_for, build_model_sizes, set_schedule
 from hvd_ctsm.weight_average import WeightAverage
 
 log = logging.getLogger("hvd_ctsm.train")
@@ -184,11 +184,9 @@ class Trainer:
     def lower_lr(self) -> None:
         """From now on the schedule's lr times anneal_lr_factor: the factor goes into the
         scheduler's base lrs, which its checkpointed state carries, so a resume keeps it."""
-        scheduler = self.scheduler
-        scheduler.base_lrs = [lr * self.cfg.anneal_lr_factor for lr in scheduler.base_lrs]
-        for group, base, rule in zip(self.optimizer.param_groups, scheduler.base_lrs,
-                                     scheduler.lr_lambdas, strict=True):
-            group["lr"] = base * rule(scheduler.last_epoch)
+        set_schedule(self.scheduler,
+                     [lr * self.cfg.anneal_lr_factor for lr in self.scheduler.base_lrs],
+                     self.scheduler.last_epoch)
 
     def checkpoint(self, checkpoints: CheckpointManager, position: dict,
                    is_best: bool = False) -> None:
@@ -196,7 +194,8 @@ class Trainer:
         writes it."""
         rng = dist.allgather_object(torch.get_rng_state())
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(), "position": position | {"rng": rng},
+                 "scheduler": self.scheduler.state_dict(),
+                 "position": position | {"rng": rng, "effective_batch": self.effective_batch},
                  "config": to_dict(self.cfg), "vocab_sha256": self.meta.vocab_sha256}
         if self.average:
             state["weight_average"] = self.average.state_dict()

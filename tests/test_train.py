@@ -74,6 +74,33 @@ def test_resume_continues_exactly_where_it_stopped(tiny_features, tmp_path):
     assert not all(torch.equal(a[k], best["model"][k]) for k in a)
 
 
+def test_a_resume_under_another_effective_batch_goes_on_from_the_epochs_end_at_its_lr(
+        tiny_features, tmp_path):
+    """Stopped at an epoch's end on 2 ranks and resumed on 1, epoch 2 runs as in a run on 1
+    rank from the start: its steps and its lr (scaled to 1 rank's batch), step for step.
+    Stopped inside an epoch, the other world size is refused in one line."""
+    one, parts = tmp_path / "one", tmp_path / "parts"
+    run_trainer(tiny_features, one, "--epochs", "2")
+    per_epoch = json.loads((one / "train_summary.json").read_text())["steps_per_epoch"]
+    run_trainer(tiny_features, parts, "--epochs", "1", np_=2)
+    assert load_state(parts / "model.pt")  # a whole epoch, so its last checkpoint is its end
+    run_trainer(tiny_features, parts, "--epochs", "2", "--resume")
+    summary = json.loads((parts / "train_summary.json").read_text())
+    assert summary["ranks"] == 1 and summary["steps"] == 2 * per_epoch
+    lr = {r["step"]: r["lr"] for r in fl.read_jsonl(one / "train_log.jsonl")}
+    resumed = {r["step"]: r["lr"] for r in fl.read_jsonl(parts / "train_log.jsonl")
+               if r["step"] > per_epoch}
+    assert resumed and all(lr[s] == pytest.approx(v, rel=1e-6) for s, v in resumed.items())
+
+    mid = tmp_path / "mid"
+    run_trainer(tiny_features, mid, "--epochs", "2", "max_steps=1", np_=2)
+    proc = run_trainer(tiny_features, mid, "--epochs", "2", "--resume", check=False)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors and "1 step into epoch 1" in errors[0] and "(1 rank x" in errors[0]
+    assert "Traceback" not in proc.stderr
+
+
 def test_a_dataset_of_another_schema_version_stops_before_training(tiny_features, tmp_path):
     import shutil
 

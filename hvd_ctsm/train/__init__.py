@@ -24,8 +24,8 @@ from hvd_ctsm import faults
 from hvd_ctsm.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.config import TrainConfig
 from hvd_ctsm.data import plan_epoch, prefetch, split_url, train_batches
-from hvd_ctsm.train_support import (lr_scale, lr_schedule, make_optimizer, progress_bar, restore,
-                                    split_batch, warm_start)
+from hvd_ctsm.train_support import (lr_scale, lr_schedule, make_optimizer, progress_bar,
+                                    rebase_schedule, restore, split_batch, warm_start)
 from hvd_ctsm.trainer import Trainer, start_rank
 
 log = logging.getLogger("hvd_ctsm.train")
@@ -128,6 +128,8 @@ def start_position(trainer: Trainer, checkpoints: CheckpointManager, resume: boo
     dist.broadcast_state(model, optimizer)
     position = dist.broadcast_object(position)
     scheduler.load_state_dict(dist.broadcast_object(scheduler.state_dict()))
+    if resume:
+        position = rebase_schedule(trainer, position)
     if len(position.get("rng", [])) == dist.size():  # same world size: continue each RNG
         torch.set_rng_state(position["rng"][dist.rank()])
     if trainer.average:  # the resumed run's average, else one of the weights training starts from
