@@ -4,7 +4,8 @@
                                  [--overwrite]
 
 `fit(df)` trains a CTSM's encoder and p(sale) head on (history, item, label) rows (the history's
-items, event types, values and time gaps: `sequence_frame`) through a Store, with Horovod on the
+items, event types, values, time gaps and the client's attributes as of each event:
+`sequence_frame`) through a Store, with Horovod on the
 Spark executors, and returns a Spark ML Transformer whose `transform` adds `label__output` =
 p(sale) to every (client, item) row. The Store holds the intermediate Parquet data and the run's
 checkpoints: a local folder here, `hdfs://...` (HDFSStore) on Hadoop,
@@ -20,6 +21,7 @@ import argparse
 import json
 import sys
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -32,54 +34,61 @@ from hvd_ctsm.storage import StorageError
 # The frame's history columns: (column, the dataset's field, element type).
 HISTORY = [("history", "item", int), ("history_type", "event_type", int),
            ("history_value", "value", float), ("history_gap", "log_gap", float)]
-FEATURES, LABEL = [column for column, _, _ in HISTORY] + ["item"], "label"
+# The client's attributes as of each event, [max_len, attributes] flattened row by row (one
+# zero column where the dataset names none, so the frame's shape never depends on the data).
+ATTRS = "history_attrs"
+FEATURES, LABEL = [column for column, _, _ in HISTORY] + [ATTRS, "item"], "label"
 
 
 class SequenceSaleModel(nn.Module):
     """p(sale) of (a history's item indices, event types, values and log time gaps, each
-    right-padded with 0; a candidate item): a CTSM encoder with its side features but no client
-    attributes, and its sale head. With `item_tags` (each item's tag indices, vocab.json's),
-    each item's vector adds the mean of its tags' vectors, as the trainer's default model
-    (model.item_tags) does."""
+    right-padded with 0; the client's attribute indices as of each event, flattened; a candidate
+    item): a CTSM encoder with its side features (client attributes of `attr_sizes`, the
+    dataset's vocabulary sizes, where it names any) and its sale head. With `item_tags` (each
+    item's tag indices, vocab.json's), each item's vector adds the mean of its tags' vectors,
+    as the trainer's default model (model.item_tags) does."""
 
     def __init__(self, num_items: int, max_len: int, dim: int = 32, layers: int = 1,
-                 heads: int = 2, dropout: float = 0.1, item_tags: list[list[int]] | None = None):
+                 heads: int = 2, dropout: float = 0.1, item_tags: list[list[int]] | None = None,
+                 attr_sizes: list[int] | None = None):
         super().__init__()
         sizes = ModelSizes(num_items=num_items, num_event_types=len(EVENT_TYPES) + 1,
-                           max_len=max_len, item_tags=item_tags or [])
+                           attr_sizes=list(attr_sizes or []), max_len=max_len,
+                           item_tags=item_tags or [])
         self.ctsm = CTSM(sizes, dim=dim, layers=layers, heads=heads, dropout=dropout,
                          head_names=("next_item", "sale"), item_tags=bool(item_tags))
 
     def forward(self, history: torch.Tensor, history_type: torch.Tensor,
                 history_value: torch.Tensor, history_gap: torch.Tensor,
-                item: torch.Tensor) -> torch.Tensor:
+                history_attrs: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
         rows = item.shape[0]
         history = history.long().reshape(rows, -1)
         batch = {"item": history, "event_type": history_type.long().reshape(rows, -1),
                  "value": history_value.float().reshape(rows, -1),
                  "log_gap": history_gap.float().reshape(rows, -1),
-                 "client_attrs": torch.zeros((*history.shape, 0), dtype=torch.long)}
+                 "client_attrs": history_attrs.long().reshape(*history.shape, -1)}
         batch["target_row"] = torch.arange(rows)  # each row's state after its last event
         batch["target_pos"] = ((history > 0).sum(dim=1) - 1).clamp(min=0)
         return self.ctsm.p_sale(self.ctsm.states_at(batch), item.long().reshape(-1))
 
 
 def sequence_frame(spark, data: str, split: str, max_len: int):
-    """(client_id, history, history_type, history_value, history_gap, item, label) rows, one
-    per target of a feature-job split; the history columns: the events up to the target's
-    position (the last max_len; none after it), right-padded with 0 to max_len."""
+    """(client_id, history, history_type, history_value, history_gap, history_attrs, item,
+    label) rows, one per target of a feature-job split; the history columns: the events up to
+    the target's position (the last max_len; none after it), right-padded with 0 to max_len."""
     from petastorm.spark_utils import dataset_as_rdd
 
     from hvd_ctsm.data import split_url
     from hvd_ctsm.schema import make_schema
 
     schema = make_schema()
-    fields = ["client_id", *[field for _, field, _ in HISTORY], "target_pos", "target_item",
-              "target_label"]
+    fields = ["client_id", *[field for _, field, _ in HISTORY], "client_attrs", "target_pos",
+              "target_item", "target_label"]
     rdd = dataset_as_rdd(split_url(data, split), spark, [schema.fields[f] for f in fields])
     columns = ", ".join(f"{column} array<{kind.__name__}>" for column, _, kind in HISTORY)
     return spark.createDataFrame(rdd.flatMap(lambda example: frame_rows(example, max_len)),
-                                 f"client_id string, {columns}, item int, label float")
+                                 f"client_id string, {columns}, {ATTRS} array<int>, item int, "
+                                 "label float")
 
 
 def frame_rows(example, max_len: int):
@@ -89,22 +98,32 @@ def frame_rows(example, max_len: int):
         kept = [kind(v) for v in values[:pos + 1][-max_len:]]
         return kept + [kind(0)] * (max_len - len(kept))
 
+    attrs = np.asarray(example.client_attrs)
+    if attrs.ndim != 2:  # no attributes: an empty column per event
+        attrs = np.zeros((len(example.item), 0), np.int64)
+    width = max(1, attrs.shape[1])
+    attrs = np.pad(attrs, ((0, 0), (0, width - attrs.shape[1])))  # [events, width]
     for pos, item, label in zip(example.target_pos, example.target_item, example.target_label,
                                 strict=True):
         history = [padded(getattr(example, field), pos, kind) for _, field, kind in HISTORY]
-        yield (str(example.client_id), *history, int(item), float(label))
+        kept = [int(a) for a in attrs[:pos + 1][-max_len:].reshape(-1)]
+        yield (str(example.client_id), *history, kept + [0] * (max_len * width - len(kept)),
+               int(item), float(label))
 
 
 def build_estimator(store_path: str, num_items: int, max_len: int, num_proc: int = 2,
                     epochs: int = 2, batch_size: int = 64, lr: float = 0.005,
-                    item_tags: list[list[int]] | None = None):
+                    item_tags: list[list[int]] | None = None,
+                    attr_sizes: list[int] | None = None):
     from hvd_ctsm import distributed
 
-    model = SequenceSaleModel(num_items, max_len, item_tags=item_tags)
+    model = SequenceSaleModel(num_items, max_len, item_tags=item_tags, attr_sizes=attr_sizes)
+    width = max(1, len(attr_sizes or []))
     return distributed.torch_estimator(
         num_proc=num_proc, store=distributed.spark_store(store_path), model=model,
         optimizer=torch.optim.Adam(model.parameters(), lr=lr), loss=nn.BCELoss(),
-        input_shapes=[[-1, max_len]] * len(HISTORY) + [[-1]], feature_cols=FEATURES,
+        input_shapes=[[-1, max_len]] * len(HISTORY) + [[-1, max_len * width], [-1]],
+        feature_cols=FEATURES,
         label_cols=[LABEL],
         batch_size=batch_size, epochs=epochs, verbose=0)
 
@@ -112,13 +131,15 @@ def build_estimator(store_path: str, num_items: int, max_len: int, num_proc: int
 def fit_and_predict(spark, data: str, store: str, num_proc: int = 2, epochs: int = 2,
                     max_len: int = 20):
     """Fit on the train split's targets, transform the test split's; (model, predictions).
-    The items' tags are used where the dataset has them (a dataset built before tags existed
+    The client attributes are used where the dataset names any, and the items' tags where it
+    has them (a dataset built before tags existed
     trains on items alone)."""
     from hvd_ctsm.dataset_meta import item_tags, read_metadata
 
     meta = read_metadata(data)
     tags = item_tags(data, meta, required=False)
-    estimator = build_estimator(store, meta.num_items, max_len, num_proc, epochs, item_tags=tags)
+    estimator = build_estimator(store, meta.num_items, max_len, num_proc, epochs, item_tags=tags,
+                                attr_sizes=meta.attr_sizes)
     fitted = estimator.fit(sequence_frame(spark, data, "train", max_len))
     return fitted, fitted.transform(sequence_frame(spark, data, "test", max_len))
 

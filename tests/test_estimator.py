@@ -20,7 +20,7 @@ def _row():
 
     return (torch.tensor([[1, 2, 0, 0]]), torch.tensor([[1, 2, 0, 0]]),
             torch.tensor([[4.0, 3.0, 0.0, 0.0]]), torch.tensor([[0.0, 1.5, 0.0, 0.0]]),
-            torch.tensor([3]))
+            torch.tensor([[1, 2, 1, 3, 0, 0, 0, 0]]), torch.tensor([3]))  # 2 attributes
 
 
 def test_fit_then_transform_predicts_every_row(spark, tiny_features, tmp_path):
@@ -91,26 +91,34 @@ def test_each_rows_history_ends_at_its_targets_position():
 
     example = SimpleNamespace(client_id="c", item=[5, 6, 7, 8], event_type=[1, 2, 1, 2],
                               value=[1.0, 2.0, 3.0, 4.0], log_gap=[0.0, 0.5, 1.5, 2.5],
+                              client_attrs=[[1, 1], [1, 2], [2, 2], [3, 3]],  # as of each event
                               target_pos=[0, 2], target_item=[6, 8], target_label=[1.0, 0.0])
     first, second = frame_rows(example, max_len=2)
-    assert first == ("c", [5, 0], [1, 0], [1.0, 0.0], [0.0, 0.0], 6, 1.0)
-    assert second == ("c", [6, 7], [2, 1], [2.0, 3.0], [0.5, 1.5], 8, 0.0)  # the last 2 of 0..2
+    assert first == ("c", [5, 0], [1, 0], [1.0, 0.0], [0.0, 0.0], [1, 1, 0, 0], 6, 1.0)
+    # the last 2 of events 0..2; the attributes as of events 1 and 2, not the later update
+    assert second == ("c", [6, 7], [2, 1], [2.0, 3.0], [0.5, 1.5], [1, 2, 2, 2], 8, 0.0)
+    no_attrs = SimpleNamespace(**vars(example) | {"client_attrs": [[] for _ in range(4)]})
+    assert next(frame_rows(no_attrs, max_len=2))[5] == [0, 0]  # one zero column
 
 
 def test_the_estimators_model_reads_the_events_types_values_and_gaps():
-    """The p(sale) head reads what the trainer's model reads of each past event (on ML-100K the
-    past ratings are most of what it knows); padded places stay out."""
+    """The p(sale) head reads what the trainer's model reads of each past event and of the client
+    (on ML-100K the past ratings are most of what it knows); padded places stay out."""
     import torch
 
     from hvd_ctsm.estimator import SequenceSaleModel
 
     torch.manual_seed(0)
-    model = SequenceSaleModel(10, 4).eval()
-    history, types, values, gaps, item = _row()
-    before = model(history, types, values, gaps, item)
-    for changed in ([history, types + (types > 0), values, gaps, item],
-                    [history, types, values + 2.0 * (values > 0), gaps, item],
-                    [history, types, values, gaps + 1.0 * (history > 0), item]):
+    model = SequenceSaleModel(10, 4, attr_sizes=[4, 5]).eval()
+    history, types, values, gaps, attrs, item = _row()
+    before = model(history, types, values, gaps, attrs, item)
+    for changed in ([history, types + (types > 0), values, gaps, attrs, item],
+                    [history, types, values + 2.0 * (values > 0), gaps, attrs, item],
+                    [history, types, values, gaps + 1.0 * (history > 0), attrs, item],
+                    [history, types, values, gaps, attrs + (attrs > 0), item]):
         assert not torch.allclose(before, model(*changed))
-    padded_changed = [history, types, values + 3.0 * (history == 0), gaps, item]
+    padded_changed = [history, types, values + 3.0 * (history == 0), gaps,
+                      attrs + torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1]]), item]
     assert torch.allclose(before, model(*padded_changed))
+    plain = SequenceSaleModel(10, 4).eval()  # a dataset naming no attributes: one zero column
+    assert plain(history, types, values, gaps, torch.zeros(1, 4), item).shape == (1,)
