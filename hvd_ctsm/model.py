@@ -307,6 +307,10 @@ ARCHITECTURE = ("dim", "layers", "heads", "block", "ff_mult", "side_features", "
                 "position_buckets")
 
 
+# Settings that only decide how a new model's weights are drawn: --resume may change them.
+INIT_ONLY = ("feature_init_std",)
+
+
 def architecture(model: dict) -> dict:
     """The architecture a config's `model` section describes (old sections read as LEGACY_ARCH),
     with the heads it trains under 'outputs'."""

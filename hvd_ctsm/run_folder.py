@@ -12,7 +12,7 @@ from hvd_ctsm import outputs
 from hvd_ctsm.checkpoint import load_state
 from hvd_ctsm.config import TrainConfig, as_override, to_dict
 from hvd_ctsm.distributed.base import launch_rank
-from hvd_ctsm.model import LEGACY_ARCH, architecture
+from hvd_ctsm.model import INIT_ONLY, LEGACY_ARCH, architecture
 
 
 def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str) -> None:
@@ -44,7 +44,8 @@ def check_resume_matches(out: Path, cfg: TrainConfig) -> None:
     if before:  # a setting the run predates is what it trained with (as CTSM.from_config reads it)
         before = LEGACY_ARCH | before
     now = to_dict(cfg)["model"]
-    was, asked = _differing(before, now, sorted(k for k in now if k in before))
+    compared = sorted(k for k in now if k in before and k not in INIT_ONLY)
+    was, asked = _differing(before, now, compared)
     if was:
         # The difference may come from a default that changed since (the model's on 2026-11-25),
         # not from an override: name the overrides that give the saved values back.

@@ -79,6 +79,18 @@ def test_resume_of_a_run_saved_before_a_setting_existed_names_what_it_trained_wi
     assert "pass model.item_tags=false to resume it" in str(stop.value)
 
 
+def test_resume_may_change_how_new_weights_are_drawn(tmp_path):
+    """model.feature_init_std only draws a new model's weights: a run from before its default
+    changed resumes with no override (and goes on to the dataset, missing here)."""
+    from hvd_ctsm.config import load_config, save_config
+
+    out = tmp_path / "run"
+    out.mkdir()
+    save_config(load_config(None, ["model.feature_init_std=null"]), out / "config.yaml")
+    with pytest.raises(DatasetError, match="point --data at a folder written by"):
+        launch.main(["--data", str(tmp_path / "data"), "--out", str(out), "--resume"])
+
+
 def test_a_missing_dataset_names_the_fix(tmp_path):
     with pytest.raises(DatasetError, match="point --data at a folder written by"):
         launch.main(["--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "run")])
