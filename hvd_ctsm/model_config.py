@@ -60,11 +60,12 @@ class ModelConfig:
     item vector: its place in the window, its event type and the client's attributes. The
     item's own vector starts at 1 per component. None: PyTorch's default for these tables, also
     1 (the default until 2026-11-27, and the SASRec-style baseline's), so at the start the added
-    vectors (up to six with side features) outweigh the item's and training must first shrink
-    what it cannot use; 0.1 starts them small, to grow where they help. 0.1 validated higher on
-    all three sets (medians of full and sampled NDCG@10 over three seeds) and peaks sooner; the
-    sale head's validation AUC is lower (medians by 0.003-0.014). Initialisation only: a saved
-    model is the same network either way, and --resume or a warm start may change it."""
+    vectors (one per place, event type and client attribute) outweigh the item's and training
+    must first shrink what it cannot use; 0.1 starts them small, to grow where they help. 0.1
+    validated higher on all three sets (medians of full and sampled NDCG@10 over three seeds)
+    and peaks sooner; the sale head's validation AUC is lower (medians by 0.003-0.014).
+    Initialisation only: a saved model is the same network either way, and --resume or a warm
+    start may change it."""
     time_bias: bool = False
     """Also bias each attention head by the time between two events: a learned per-head
     penalty on log1p(hours) from the later event back to the earlier (time-interval-aware
