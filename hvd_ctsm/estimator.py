@@ -40,6 +40,11 @@ ATTRS = "history_attrs"
 FEATURES, LABEL = [column for column, _, _ in HISTORY] + [ATTRS, "item"], "label"
 
 
+def attrs_width(count: int) -> int:
+    """The ATTRS column's values per event for a dataset of `count` client attributes."""
+    return max(1, count)
+
+
 class SequenceSaleModel(nn.Module):
     """p(sale) of (a history's item indices, event types, values and log time gaps, each
     right-padded with 0; the client's attribute indices as of each event, flattened; a candidate
@@ -101,7 +106,7 @@ def frame_rows(example, max_len: int):
     attrs = np.asarray(example.client_attrs)
     if attrs.ndim != 2:  # no attributes: an empty column per event
         attrs = np.zeros((len(example.item), 0), np.int64)
-    width = max(1, attrs.shape[1])
+    width = attrs_width(attrs.shape[1])
     attrs = np.pad(attrs, ((0, 0), (0, width - attrs.shape[1])))  # [events, width]
     for pos, item, label in zip(example.target_pos, example.target_item, example.target_label,
                                 strict=True):
@@ -118,7 +123,7 @@ def build_estimator(store_path: str, num_items: int, max_len: int, num_proc: int
     from hvd_ctsm import distributed
 
     model = SequenceSaleModel(num_items, max_len, item_tags=item_tags, attr_sizes=attr_sizes)
-    width = max(1, len(attr_sizes or []))
+    width = attrs_width(len(attr_sizes or []))
     return distributed.torch_estimator(
         num_proc=num_proc, store=distributed.spark_store(store_path), model=model,
         optimizer=torch.optim.Adam(model.parameters(), lr=lr), loss=nn.BCELoss(),

@@ -157,6 +157,14 @@ def time_gap_bias(log_gap: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
     return -slopes[None, :, None, None] * torch.log1p(elapsed)[:, None]
 
 
+def draw(table: nn.Embedding, std: float) -> None:
+    """Draw a table's vectors from N(0, std^2), its padding row (if any) kept at zero."""
+    nn.init.normal_(table.weight, std=std)
+    if table.padding_idx is not None:
+        with torch.no_grad():
+            table.weight[table.padding_idx].zero_()
+
+
 class TemporalEncoder(nn.Module):
     """Client state at every position from that position's event and all earlier ones."""
 
@@ -186,9 +194,7 @@ class TemporalEncoder(nn.Module):
                 raise ValueError(f"{len(known)} item categories for {sizes.num_items} items")
             self.register_buffer("item_to_category", torch.tensor(known), persistent=False)
             self.category = nn.Embedding(max(known) + 1, dim, padding_idx=0)
-            nn.init.normal_(self.category.weight, std=dim**-0.5)
-            with torch.no_grad():
-                self.category.weight[0].zero_()
+            draw(self.category, dim**-0.5)
         self.tags = None
         if item_tags:  # an item's vector adds the mean of its tags' vectors
             self._init_tags(sizes, dim)
@@ -207,23 +213,12 @@ class TemporalEncoder(nn.Module):
         self.dim, self.heads, self.use_recency_bias = dim, heads, recency_bias
         # One slope per head, from 1 (mostly the last hours) halving head by head; learned.
         self.time_slopes = nn.Parameter(0.5 ** torch.arange(heads).float()) if time_bias else None
-        nn.init.normal_(self.item.weight, std=dim**-0.5)
-        with torch.no_grad():
-            self.item.weight[0].zero_()
+        draw(self.item, dim**-0.5)
         if feature_init_std is not None:  # None: PyTorch's default, 1 (the draws as before)
-            self._init_added(feature_init_std)
-
-    def _init_added(self, std: float) -> None:
-        """Draw the tables whose vectors are added to each event's item vector (places, event
-        types, client attributes) at `std` per component; the item's own vector starts at 1."""
-        tables = [self.position] if self.position is not None else []
-        if self.side_features:
-            tables += [self.event_type, *self.attrs]
-        for table in tables:
-            nn.init.normal_(table.weight, std=std)
-            if table.padding_idx is not None:
-                with torch.no_grad():
-                    table.weight[table.padding_idx].zero_()
+            # The tables added to each event's item vector; the item's own starts at 1.
+            added = [self.position] if self.position is not None else []
+            for table in added + ([self.event_type, *self.attrs] if side_features else []):
+                draw(table, feature_init_std)
 
     def _init_tags(self, sizes: ModelSizes, dim: int) -> None:
         """item_to_tags: [num_items, most tags] tag indices padded with 0; tag_share: 1 / each
@@ -238,9 +233,7 @@ class TemporalEncoder(nn.Module):
         self.register_buffer("tag_share", torch.where(counts > 0, 1 / counts.clamp(min=1), 0.0),
                              persistent=False)
         self.tags = nn.Embedding(int(padded.max()) + 1, dim, padding_idx=0)
-        nn.init.normal_(self.tags.weight, std=dim**-0.5)
-        with torch.no_grad():
-            self.tags.weight[0].zero_()
+        draw(self.tags, dim**-0.5)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         items = batch["item"]

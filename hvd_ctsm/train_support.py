@@ -169,9 +169,9 @@ def rebase_schedule(trainer, position: dict) -> dict:
     """A resume under another effective batch (other ranks, data.batch_size or micro-steps)
     than the checkpoint's: an epoch is then another number of steps, and the peak lr scales
     with the batch (optim.lr_scaling). From the end of an epoch the run goes on from the same
-    epoch with this run's steps and peak lr (times anneal_lr_factor once annealed); from
-    inside an epoch the rows already trained cannot be told apart under another split, so it
-    is refused. Returns the position to start from."""
+    epoch with this run's steps, its saved peak lrs (an anneal's factor included) rescaled to
+    this batch; from inside an epoch the rows already trained cannot be told apart under
+    another split, so it is refused. Returns the position to start from."""
     was, now = position.get("effective_batch", trainer.effective_batch), trainer.effective_batch
     if was == now:
         return position
@@ -185,14 +185,13 @@ def rebase_schedule(trainer, position: dict) -> dict:
             f"{cfg.data.batch_size}): resume "
             f"with the ranks and batch size it had (max_steps=N can stop it at the end of an "
             f"epoch, from where another effective batch can go on), or train into a new --out")
-    annealed = cfg.anneal_lr_factor if "annealed_at" in position["best"] else 1.0
-    peak = cfg.optim.lr * lr_scale(cfg.optim, now) * annealed
+    rescale = lr_scale(cfg.optim, now) / lr_scale(cfg.optim, was)
     step = position["epoch"] * trainer.plan.steps
-    set_schedule(trainer.scheduler, [peak for _ in trainer.scheduler.base_lrs], step)
+    set_schedule(trainer.scheduler, [lr * rescale for lr in trainer.scheduler.base_lrs], step)
     if dist.is_root():
         log.info("--resume under an effective batch of %d (was %d): epoch %d starts at step %d "
-                 "of %d, peak lr %.3g", now, was, position["epoch"] + 1, step,
-                 trainer.total_steps, peak)
+                 "of %d, peak lr x%.3g", now, was, position["epoch"] + 1, step,
+                 trainer.total_steps, rescale)
     return position | {"step": step, "effective_batch": now}
 
 
