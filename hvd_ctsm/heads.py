@@ -1,30 +1,35 @@
 """The CTSM's prediction heads: each turns the encoder's client states into a loss.
 
 Plain PyTorch, like the encoder (hvd_ctsm.model). A head reads the item vectors through the
-encoder it is given (the TemporalEncoder's item_vectors()) and imports nothing of ours, so the
-model may import it. A new target is a new head class here and an entry in CTSM's heads, with
+encoder it is given (the TemporalEncoder's item_vectors()) and imports only hvd_ctsm.catalog
+(torch alone: what grows with the catalog, in chunks and index pairs), so the model may import
+it. A new target is a new head class here and an entry in CTSM's heads, with
 no change to the encoder.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from hvd_ctsm import catalog
 
 
 class NextItemHead(nn.Module):
     """Scores items by a dot product with the shared item embeddings (plus a popularity bias).
 
-    loss: 'full' softmax over all items; 'sampled' softmax over the target and `negatives`
-    uniformly sampled items; 'bce' binary loss of the target against `negatives` sampled items.
+    loss: 'full' softmax over all items (exact, computed in item chunks: hvd_ctsm.catalog);
+    'shared', a sampled softmax over negatives shared by the batch (its targets plus
+    `shared_negatives` uniform draws) with the log-Q correction, whose cost does not grow with
+    the catalog; 'auto', 'full' up to EXACT_MAX_ITEMS items and 'shared' above (see
+    resolve_loss); 'sampled' softmax over the target and `negatives` uniformly sampled items per
+    target; 'bce' binary loss of the target against `negatives` sampled items.
     exclude_seen: items the client already had at or before the state's position are no
-    negatives (see seen_items); the target itself always stays.
+    negatives (see catalog.seen_pairs); the target itself always stays.
     exclude_tied: the other targets predicted from the same state (events tied in time, under
-    the strict tie rule) are no negatives of each other (see tied_targets).
-    Both reach the loss as one mask, targets["not_negative"].
+    the strict tie rule) are no negatives of each other (see catalog.tied_pairs).
+    Both reach the loss as one set of (target, item) pairs, targets["not_negative"].
     uniform_bce_weight: with the 'full' loss, add this weight times the 'bce' loss against
     `negatives` uniformly drawn items (what the sampled evaluation ranks the target against).
     future_targets, future_decay: with the 'full' loss and future_targets k > 1, each state
@@ -35,87 +40,100 @@ class NextItemHead(nn.Module):
 
     def __init__(self, encoder: nn.Module, loss: str, negatives: int, item_bias=True,
                  exclude_seen=False, uniform_bce_weight=0.0, exclude_tied=False,
-                 future_targets=1, future_decay=0.5):
+                 future_targets=1, future_decay=0.5, shared_negatives=2048):
         super().__init__()
         self.encoder = [encoder]  # a list: share the embedding without registering it twice
         # Without item_bias the vector stays zero (same state keys, so checkpoints load either way).
         self.bias = nn.Parameter(torch.zeros(encoder.item.num_embeddings), requires_grad=item_bias)
-        self.loss_kind, self.negatives, self.exclude_seen = loss, negatives, exclude_seen
+        self.loss_kind = resolve_loss(loss, self.bias.shape[0], future_targets, uniform_bce_weight)
+        self.negatives, self.exclude_seen = negatives, exclude_seen
         self.uniform_bce_weight, self.exclude_tied = uniform_bce_weight, exclude_tied
         self.future_targets, self.future_decay = future_targets, future_decay
+        self.shared_negatives = shared_negatives
+        self.frequency = catalog.TargetFrequency(self.bias.shape[0])
 
     def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[B, d] states -> [B, C] scores for item_ids ([C] or [B, C]); all items when None."""
-        table = self.encoder[0].item_vectors()
         if item_ids is None:
-            scores = states @ table.T + self.bias
+            scores = states @ self.encoder[0].item_vectors().T + self.bias
             scores[:, 0] = float("-inf")  # never recommend padding
             return scores
-        emb = table[item_ids]
+        emb = self.encoder[0].item_vectors(item_ids)
         if item_ids.dim() == 1:
             return states @ emb.T + self.bias[item_ids]
         return torch.einsum("bd,bcd->bc", states, emb) + self.bias[item_ids]
 
-    def not_negative(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """[num_targets, num_items] bool: the items that are no negatives of each target of
-        `batch` (exclude_seen, exclude_tied), or None when neither is on."""
+    def not_negative(self, batch: dict[str, torch.Tensor]) -> catalog.ItemPairs | None:
+        """(target, item) pairs of `batch` whose item is no negative of the target
+        (exclude_seen, exclude_tied), or None when neither is on."""
         num_items, rows, positions = self.bias.shape[0], batch["target_row"], batch["target_pos"]
-        masks = []
+        pairs = None
         if self.exclude_seen:
-            masks.append(seen_items(batch["item"], rows, positions, num_items))
+            pairs = catalog.seen_pairs(batch["item"], rows, positions, num_items)
         if self.exclude_tied:
-            masks.append(tied_targets(rows, positions, batch["target_item"], num_items))
-        return functools.reduce(torch.logical_or, masks) if masks else None
+            tied = catalog.tied_pairs(rows, positions, batch["target_item"], num_items)
+            pairs = tied if pairs is None else pairs.union(tied)
+        return pairs
+
+    def _vectors(self, item_ids: torch.Tensor) -> torch.Tensor:
+        return self.encoder[0].item_vectors(item_ids)
 
     def loss(self, states: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
         target = targets["item"]
         seen = targets.get("not_negative") if self.exclude_seen or self.exclude_tied else None
-        masked = seen
-        if masked is not None:  # the target is never masked, even when it repeats a seen item
-            masked = masked.scatter(1, target.unsqueeze(1), False)
         if self.loss_kind == "full":
-            scores = self.score(states)
-            logits = scores if masked is None else scores.masked_fill(masked, float("-inf"))
-            loss = F.cross_entropy(logits, target)
+            loss = self._softmax(states, target, seen)
             if self.uniform_bce_weight:
-                sampled = self._sampled(states, target, masked)
+                sampled = self._sampled(states, target, seen)
                 loss = loss + self.uniform_bce_weight * self._bce(*sampled)
             for offset in range(1, self.future_targets):
                 loss = loss + self.future_decay**offset * self._future_loss(
-                    scores, targets, seen, offset)
+                    states, targets, seen, offset)
             return loss
-        logits, collides = self._sampled(states, target, masked)
+        if self.loss_kind == "shared":
+            probability = self.frequency.update(target) if self.training else None
+            return catalog.shared_sampled_softmax(states, target, self._vectors, self.bias, seen,
+                                                  self.shared_negatives, probability)
+        logits, collides = self._sampled(states, target, seen)
         if self.loss_kind == "sampled":
             logits = logits.masked_fill(collides, float("-inf"))
             return F.cross_entropy(logits, torch.zeros_like(target))
         return self._bce(logits, collides)
 
-    @staticmethod
-    def _future_loss(scores, targets, seen, offset):
+    def _softmax(self, states, target, excluded):
+        """The exact softmax loss over every item (catalog.softmax_cross_entropy)."""
+        small = self.bias.shape[0] <= catalog.ITEM_CHUNK
+        return catalog.softmax_cross_entropy(
+            states, target, self._vectors, self.bias, excluded,
+            all_vectors=self.encoder[0].item_vectors() if small else None)
+
+    def _future_loss(self, states, targets, seen, offset):
         """Softmax loss of each state against the target `offset` places after its own (same
         example, a later state): the items the client gets from its own target up to that one
         are no negatives, nor (with seen) those it had."""
         src, dst = future_pairs(targets["row"], targets["pos"], offset)
         if not len(src):
-            return scores.new_zeros(())
-        items, logits = targets["item"], scores[src]
-        rows = torch.arange(len(src), device=src.device)
-        masked = torch.zeros_like(logits, dtype=torch.bool) if seen is None else seen[src]
-        for step in range(offset):
-            masked[rows, items[src + step]] = True
-        masked[rows, items[dst]] = False
-        return F.cross_entropy(logits.masked_fill(masked, float("-inf")), items[dst])
+            return states.new_zeros(())
+        items, num_items = targets["item"], self.bias.shape[0]
+        between = catalog.ItemPairs(
+            torch.arange(len(src), device=src.device).repeat(offset),
+            torch.cat([items[src + step] for step in range(offset)]), num_items)
+        if seen is not None:
+            between = between.union(seen.select(src, len(items)))
+        return catalog.softmax_cross_entropy(states[src], items[dst], self._vectors, self.bias,
+                                             between)
 
-    def _sampled(self, states, target, masked):
+    def _sampled(self, states, target, excluded):
         """Scores of [target, `negatives` uniformly drawn items] per state, and which of those
         are no negatives: a draw that equals the target or, with exclude_seen or exclude_tied,
-        one in the not_negative mask (column 0, the target, never is)."""
+        one of the target's not_negative pairs (column 0, the target, never is)."""
         n_items = self.bias.shape[0]
         neg = torch.randint(1, n_items, (target.shape[0], self.negatives), device=target.device)
         candidates = torch.cat([target.unsqueeze(1), neg], dim=1)
         collides = candidates == target.unsqueeze(1)
-        if masked is not None:
-            collides |= masked.gather(1, candidates)
+        if excluded is not None and len(excluded):
+            rows = torch.arange(target.shape[0], device=target.device).unsqueeze(1)
+            collides |= excluded.contains(rows, candidates)
         collides[:, 0] = False
         return self.score(states, candidates), collides
 
@@ -126,6 +144,23 @@ class NextItemHead(nn.Module):
         labels = torch.zeros_like(logits)
         labels[:, 0] = 1.0
         return F.binary_cross_entropy_with_logits(logits, labels, weight=(~collides).float())
+
+
+# The 'auto' next-item loss is the exact softmax up to this many items, the shared sampled one
+# above (benchmarks/scale.py measured where the exact one's step time grows past the encoder's).
+EXACT_MAX_ITEMS = 50_000
+
+
+def resolve_loss(loss: str, num_items: int, future_targets: int = 1,
+                 uniform_bce_weight: float = 0.0) -> str:
+    """The loss 'auto' stands for at this catalog size: 'full' up to EXACT_MAX_ITEMS items (and
+    whenever future_targets or uniform_bce_weight, which extend the full softmax, are set),
+    'shared' above. Other losses are themselves."""
+    if loss != "auto":
+        return loss
+    if num_items <= EXACT_MAX_ITEMS or future_targets > 1 or uniform_bce_weight:
+        return "full"
+    return "shared"
 
 
 class SaleHead(nn.Module):
@@ -149,18 +184,6 @@ class SaleHead(nn.Module):
 
 
 
-def seen_items(items: torch.Tensor, target_row: torch.Tensor, target_pos: torch.Tensor,
-               num_items: int) -> torch.Tensor:
-    """[T, num_items] bool: item i is at a position <= target_pos of the target's row, i.e. the
-    client already had it when the state was formed (padding, item 0, counts as seen). Only
-    the past: an item first seen after target_pos is not marked."""
-    b, t = items.shape
-    positions = torch.arange(t, device=items.device).expand(b, t)
-    first = torch.full((b, num_items), t, dtype=positions.dtype, device=items.device)
-    first = first.scatter_reduce(1, items, positions, reduce="amin")
-    return first[target_row] <= target_pos.unsqueeze(1)
-
-
 def future_pairs(target_row: torch.Tensor, target_pos: torch.Tensor, offset: int):
     """Indices (src, dst) of target pairs `offset` apart in an example's target list (targets of
     a row come in time order) whose later target is predicted from a strictly later state: the
@@ -170,16 +193,3 @@ def future_pairs(target_row: torch.Tensor, target_pos: torch.Tensor, offset: int
     dst = src + offset
     keep = (target_row[dst] == target_row[src]) & (target_pos[dst] > target_pos[src])
     return src[keep], dst[keep]
-
-
-def tied_targets(target_row: torch.Tensor, target_pos: torch.Tensor, target_item: torch.Tensor,
-                 num_items: int) -> torch.Tensor:
-    """[T, num_items] bool: item i is the target of a target predicted from the same state
-    (same row and position), the target's own item included. Under the strict tie rule every
-    event of a group tied in time is predicted from the state before the group, so without
-    this each one is a negative of the others."""
-    states, group = torch.unique(torch.stack([target_row.long(), target_pos.long()]), dim=1,
-                                 return_inverse=True)
-    items = torch.zeros(states.shape[1], num_items, dtype=torch.bool, device=target_item.device)
-    items[group, target_item] = True
-    return items[group]

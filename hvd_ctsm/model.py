@@ -290,7 +290,7 @@ LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias
                "exclude_tied": False, "attention_dropout": None, "future_targets": 1,
                "future_decay": 0.5, "time_bias": False, "item_category": False,
                "item_tags": False, "learned_positions": True, "position_buckets": 0,
-               "feature_init_std": None}
+               "feature_init_std": None, "shared_negatives": 2048}
 
 
 # What makes two saved models the same network (besides vocabulary sizes): a warm start copies
@@ -315,12 +315,12 @@ class CTSM(nn.Module):
     """Encoder plus heads. forward() returns {head name: loss} for a batch with targets."""
 
     def __init__(self, sizes: ModelSizes, dim=64, layers=3, heads=4, dropout=0.2,
-                 loss="full", negatives=100, head_names=("next_item", "sale"),
+                 loss="auto", negatives=100, head_names=("next_item", "sale"),
                  block="residual", ff_mult=4, side_features=True, item_bias=True,
                  exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0, exclude_tied=False,
                  attention_dropout=0.0, future_targets=1, future_decay=0.5, time_bias=False,
                  item_category=False, item_tags=False, learned_positions=True,
-                 position_buckets=0, feature_init_std=None):
+                 position_buckets=0, feature_init_std=None, shared_negatives=2048):
         super().__init__()
         self.sizes = sizes
         self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
@@ -329,7 +329,8 @@ class CTSM(nn.Module):
                                        position_buckets, feature_init_std)
         built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias,
                                                    exclude_seen, uniform_bce_weight, exclude_tied,
-                                                   future_targets, future_decay),
+                                                   future_targets, future_decay,
+                                                   shared_negatives),
                  "sale": lambda: SaleHead(self.encoder, dim)}
         unknown = set(head_names) - set(built)
         if unknown:

@@ -99,10 +99,20 @@ class ModelConfig:
     before the group (76% of ML-100K's training targets share their state), and each would
     otherwise be a negative of the others. No effect on data without such groups. Off: under
     strict ties it raised validation sampled NDCG@10 and lowered full NDCG@10 on every seed."""
-    loss: str = "full"
-    """Next-item loss: 'full' softmax, 'sampled' softmax or 'bce' with sampled negatives."""
+    loss: str = "auto"
+    """Next-item loss: 'full' softmax over every item (exact, computed in item chunks, so its
+    memory does not grow with the catalog but its time does); 'shared', a sampled softmax over
+    negatives shared by the batch (its targets and `shared_negatives` uniform draws) with the
+    log-Q correction, whose time does not grow with the catalog either; 'auto' (default),
+    'full' up to 50,000 items (heads.EXACT_MAX_ITEMS) and 'shared' above, as the training log
+    says; 'sampled' softmax or 'bce' with `negatives` sampled negatives per target. Up to
+    2026-11-27 the default was 'full' at every size: 'auto' is the same loss on every catalog
+    it could train (benchmarks/RESULTS.md, "Catalog scale")."""
     negatives: int = 100
     """Sampled negatives per target for the 'sampled' and 'bce' losses (and uniform_bce_weight)."""
+    shared_negatives: int = 2048
+    """Uniform draws shared by the whole batch for the 'shared' loss, besides the batch's own
+    targets."""
     uniform_bce_weight: float = 0.0
     """With loss 'full': add this weight times a binary loss of each target against `negatives`
     uniformly drawn items, the kind of negatives the sampled evaluation ranks it against. 0:
@@ -127,7 +137,7 @@ class ModelConfig:
         check(0.0 <= self.dropout < 1.0, f"model.dropout must be in [0, 1), got {self.dropout}")
         check(self.attention_dropout is None or 0.0 <= self.attention_dropout < 1.0,
                f"model.attention_dropout must be in [0, 1), got {self.attention_dropout}")
-        one_of("model.loss", self.loss, {"full", "sampled", "bce"})
+        one_of("model.loss", self.loss, {"auto", "full", "shared", "sampled", "bce"})
         one_of("model.block", self.block, {"residual", "gated"})
         check(self.ff_mult >= 1, f"model.ff_mult must be >= 1, got {self.ff_mult}")
         check(self.feature_init_std is None or self.feature_init_std > 0,
@@ -135,12 +145,13 @@ class ModelConfig:
         check(self.position_buckets >= 0,
                f"model.position_buckets must be >= 0, got {self.position_buckets}")
         check(self.negatives >= 1, "model.negatives must be >= 1")
+        check(self.shared_negatives >= 1, "model.shared_negatives must be >= 1")
         check(self.uniform_bce_weight >= 0, "model.uniform_bce_weight must be >= 0")
-        check(self.uniform_bce_weight == 0 or self.loss == "full",
+        check(self.uniform_bce_weight == 0 or self.loss in ("full", "auto"),
                "model.uniform_bce_weight needs model.loss=full (the others sample already)")
         check(self.future_targets >= 1,
                f"model.future_targets must be >= 1, got {self.future_targets}")
-        check(self.future_targets == 1 or self.loss == "full",
+        check(self.future_targets == 1 or self.loss in ("full", "auto"),
                "model.future_targets > 1 needs model.loss=full")
         check(0.0 < self.future_decay <= 1.0,
                f"model.future_decay must be in (0, 1], got {self.future_decay}")

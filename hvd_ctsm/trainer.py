@@ -52,7 +52,17 @@ def start_rank(cfg: TrainConfig) -> tuple[DatasetMeta, torch.device, CTSM]:
     torch.manual_seed(cfg.seed)
     sizes = build_model_sizes(meta, cfg.data.path, cfg.model.item_category, cfg.model.item_tags)
     model = CTSM.from_config(sizes, asdict(cfg.model))
+    if dist.is_root() and "next_item" in model.heads:
+        log.info("next-item loss: %s (model.loss=%s, %d items)",
+                 LOSS_NAMES[model.heads["next_item"].loss_kind], cfg.model.loss, sizes.num_items)
     return meta, device, model.to(device)
+
+
+LOSS_NAMES = {"full": "full: exact softmax over every item, in item chunks",
+              "shared": "shared: sampled softmax over negatives shared by the batch, log-Q "
+                        "corrected",
+              "sampled": "sampled: sampled softmax, negatives per target",
+              "bce": "bce: binary loss against sampled negatives"}
 
 
 class Trainer:

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from hvd_ctsm.heads import future_pairs, seen_items, tied_targets
+from hvd_ctsm.catalog import seen_pairs, tied_pairs
+from hvd_ctsm.heads import future_pairs
 from hvd_ctsm.model import (CTSM, ModelSizes, architecture, position_bucket_of, recency_bias,
                             time_gap_bias)
 
@@ -216,7 +217,7 @@ def test_attention_dropout_defaults_to_the_dropout_and_can_be_set_apart():
     assert not torch.equal(first, apart.encoder(batch))
 
 
-@pytest.mark.parametrize("loss", ["full", "sampled", "bce"])
+@pytest.mark.parametrize("loss", ["full", "shared", "sampled", "bce"])
 def test_losses_are_finite_and_train(loss):
     torch.manual_seed(0)
     m = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0, loss=loss, negatives=8)
@@ -281,15 +282,15 @@ def test_without_item_bias_the_bias_stays_zero_and_the_state_keys_match():
 
 def test_seen_items_marks_only_the_past_of_each_target():
     items = torch.tensor([[5, 7, 5, 9, 0], [3, 4, 0, 0, 0]])
-    seen = seen_items(items, torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 1, 3]),
-                      num_items=10)
+    seen = seen_pairs(items, torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 1, 3]),
+                      num_items=10).dense(4)
     assert seen[0].nonzero().flatten().tolist() == [5]  # 7 and 9 come later
     assert seen[1].nonzero().flatten().tolist() == [5, 7]  # a repeat counts once; 9 is future
     assert seen[2].nonzero().flatten().tolist() == [3, 4]
-    assert seen[3].nonzero().flatten().tolist() == [0, 3, 4]  # padding (item 0) is never a target
+    assert seen[3].nonzero().flatten().tolist() == [3, 4]  # padding (item 0) is left to the loss
 
 
-@pytest.mark.parametrize("loss", ["full", "sampled", "bce"])
+@pytest.mark.parametrize("loss", ["full", "shared", "sampled", "bce"])
 def test_exclude_seen_drops_history_from_the_negatives_but_keeps_a_repeated_target(loss):
     torch.manual_seed(0)
     m = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0, loss=loss, negatives=49,
@@ -336,7 +337,7 @@ def test_uniform_bce_weight_adds_the_bce_loss_against_the_same_draws_to_the_soft
 def test_tied_targets_marks_the_items_of_targets_sharing_a_state():
     rows, pos = torch.tensor([0, 0, 0, 1, 1]), torch.tensor([2, 2, 5, 2, 2])
     items = torch.tensor([3, 4, 6, 3, 7])
-    tied = tied_targets(rows, pos, items, num_items=8)
+    tied = tied_pairs(rows, pos, items, num_items=8).dense(5)
     marked = [sorted(torch.nonzero(r).flatten().tolist()) for r in tied]
     # (0, 2) has items 3 and 4; (0, 5) only 6; (1, 2) 3 and 7: never across rows or positions
     assert marked == [[3, 4], [3, 4], [6], [3, 7], [3, 7]]

@@ -1,0 +1,262 @@
+"""What grows with the item catalog, computed so that no tensor is [targets x items].
+
+The next-item loss, evaluation and scoring all compare client states with every item. Done
+densely, each builds [targets x items] tensors: at 10^6 items one batch's logits alone are
+gigabytes. Here the same results come from index pairs and item chunks instead:
+- ItemPairs: which items are no negatives of which target (the items a client already had, the
+  targets tied with it), as (target, item) index pairs rather than a [targets x items] mask;
+- softmax_cross_entropy: the exact full-softmax loss, its logits made and (in backward) remade
+  one item chunk at a time, memory O(targets x chunk);
+- shared_sampled_softmax: a sampled softmax whose cost does not grow with the catalog, over
+  negatives shared by the whole batch (the batch's own targets plus uniform draws), each logit
+  corrected by the log of its expected count in the sample (log-Q; Yi et al. 2019, "Sampling-
+  Bias-Corrected Neural Modeling for Large Corpus Item Recommendations");
+- chunked_topk: each row's top-K over the catalog with a running merge, excluded items left out.
+Plain PyTorch, like the model, which imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+# Items per chunk: [targets x chunk] floats at a time (3,000 targets x 8,192 items: 98 MB).
+ITEM_CHUNK = 8192
+
+# (item ids [C]) -> [C, dim] item vectors, with their gradient path (the encoder's item_vectors).
+Vectors = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class ItemPairs:
+    """Sparse (target, item) pairs: `item` is no negative of `target` (an index into the
+    targets). Duplicates are harmless."""
+
+    target: torch.Tensor
+    item: torch.Tensor
+    num_items: int
+
+    @classmethod
+    def empty(cls, num_items: int, device=None) -> ItemPairs:
+        none = torch.zeros(0, dtype=torch.long, device=device)
+        return cls(none, none.clone(), num_items)
+
+    def __len__(self) -> int:
+        return len(self.target)
+
+    def union(self, other: ItemPairs) -> ItemPairs:
+        return ItemPairs(torch.cat([self.target, other.target]),
+                         torch.cat([self.item, other.item]), self.num_items)
+
+    def without(self, target_items: torch.Tensor) -> ItemPairs:
+        """The pairs whose item is not the target's own item (a target is never its own
+        non-negative, even when it repeats an item the client had)."""
+        keep = self.item != target_items[self.target]
+        return ItemPairs(self.target[keep], self.item[keep], self.num_items)
+
+    def select(self, targets: torch.Tensor, num_targets: int) -> ItemPairs:
+        """The pairs of `targets` (distinct target indices), renumbered 0..len(targets)-1 in
+        their order; `num_targets` is how many targets the pairs index now."""
+        new_index = torch.full((num_targets,), -1, dtype=torch.long, device=self.target.device)
+        new_index[targets] = torch.arange(len(targets), device=targets.device)
+        renumbered = new_index[self.target]
+        keep = renumbered >= 0
+        return ItemPairs(renumbered[keep], self.item[keep], self.num_items)
+
+    def contains(self, targets: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """Whether each (targets, items) pair (broadcast together) is one of these."""
+        keys = self.target * self.num_items + self.item
+        return torch.isin(targets * self.num_items + items, keys)
+
+    def by_item(self) -> ItemPairs:
+        """The same pairs sorted by item, for in_chunk."""
+        order = torch.argsort(self.item, stable=True)
+        return ItemPairs(self.target[order], self.item[order], self.num_items)
+
+    def in_chunk(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(target, item - lo) of the pairs with lo <= item < hi; the pairs sorted by_item."""
+        bounds = torch.searchsorted(self.item, torch.tensor([lo, hi], device=self.item.device))
+        start, stop = int(bounds[0]), int(bounds[1])
+        return self.target[start:stop], self.item[start:stop] - lo
+
+    def dense(self, num_targets: int) -> torch.Tensor:
+        """[num_targets, num_items] bool (for tests and small catalogs only)."""
+        mask = torch.zeros(num_targets, self.num_items, dtype=torch.bool, device=self.item.device)
+        mask[self.target, self.item] = True
+        return mask
+
+
+def seen_pairs(items: torch.Tensor, target_row: torch.Tensor, target_pos: torch.Tensor,
+               num_items: int) -> ItemPairs:
+    """The items at positions <= target_pos of each target's row: the client already had them
+    when the state was formed. Only the past; padding (item 0) is left out, as every loss and
+    ranking leaves item 0 out anyway."""
+    history = items[target_row]  # [targets, window]
+    places = torch.arange(items.shape[1], device=items.device)
+    keep = (places.unsqueeze(0) <= target_pos.unsqueeze(1)) & (history > 0)
+    target = torch.arange(len(target_row), device=items.device).unsqueeze(1).expand_as(history)
+    return ItemPairs(target[keep], history[keep], num_items)
+
+
+def tied_pairs(target_row: torch.Tensor, target_pos: torch.Tensor, target_item: torch.Tensor,
+               num_items: int) -> ItemPairs:
+    """For each target, the items of every target predicted from the same state (same row and
+    position), its own included: under the strict tie rule the events of a group tied in time
+    are all targets of the state before the group."""
+    _, group = torch.unique(torch.stack([target_row.long(), target_pos.long()]), dim=1,
+                            return_inverse=True)
+    order = torch.argsort(group, stable=True)
+    sizes = torch.bincount(group)
+    starts = torch.cumsum(sizes, 0) - sizes
+    per_target = sizes[group]  # each target pairs with every member of its group
+    target = torch.repeat_interleave(torch.arange(len(group), device=group.device), per_target)
+    offset = torch.arange(int(per_target.sum()), device=group.device) - torch.repeat_interleave(
+        torch.cumsum(per_target, 0) - per_target, per_target)
+    members = order[torch.repeat_interleave(starts[group], per_target) + offset]
+    return ItemPairs(target, target_item[members], num_items)
+
+
+def _chunk_logsumexp(states, vectors, bias, excluded_target, excluded_item, pad_column):
+    logits = states @ vectors.T + bias
+    if len(excluded_target):
+        logits = logits.index_put((excluded_target, excluded_item),
+                                  torch.tensor(float("-inf"), device=logits.device))
+    if pad_column:
+        logits[:, 0] = float("-inf")  # never a candidate: padding
+    return torch.logsumexp(logits, dim=1)
+
+
+def softmax_cross_entropy(states: torch.Tensor, target: torch.Tensor, vectors: Vectors,
+                          bias: torch.Tensor, excluded: ItemPairs | None,
+                          chunk: int = ITEM_CHUNK, all_vectors: torch.Tensor | None = None
+                          ) -> torch.Tensor:
+    """Mean cross-entropy of each state's target against every item but padding and its
+    `excluded` pairs (the target itself is never excluded): the full softmax, exactly.
+
+    A catalog of at most `chunk` items is one chunk (all_vectors, if given, are its vectors).
+    A larger one is taken chunk by chunk, each chunk's logits remade in backward rather than
+    kept (activation checkpointing), so memory is O(targets x chunk) at any catalog size."""
+    num_items = bias.shape[0]
+    pairs = excluded.without(target).by_item() if excluded is not None else None
+    none = torch.zeros(0, dtype=torch.long, device=states.device)
+    parts = []
+    for lo in range(0, num_items, chunk):
+        hi = min(lo + chunk, num_items)
+        rows, cols = pairs.in_chunk(lo, hi) if pairs is not None else (none, none)
+        if hi - lo == num_items:
+            table = all_vectors if all_vectors is not None else vectors(
+                torch.arange(num_items, device=states.device))
+            parts.append(_chunk_logsumexp(states, table, bias, rows, cols, True))
+            continue
+        ids = torch.arange(lo, hi, device=states.device)
+
+        def chunk_lse(states, ids=ids, rows=rows, cols=cols, lo=lo):
+            return _chunk_logsumexp(states, vectors(ids), bias[ids], rows, cols, lo == 0)
+
+        parts.append(checkpoint(chunk_lse, states, use_reentrant=False))
+    normalizer = torch.logsumexp(torch.stack(parts), dim=0)
+    target_logit = (states * vectors(target)).sum(-1) + bias[target]
+    return (normalizer - target_logit).mean()
+
+
+class TargetFrequency:
+    """A running count of how often each item was a training target (streaming frequency
+    estimation, as Yi et al. 2019): the in-batch negatives' sampling probability. It lives
+    beside the model, not in it: nothing is saved, and a resumed run counts again from zero."""
+
+    def __init__(self, num_items: int):
+        self.num_items = num_items
+        self.counts: torch.Tensor | None = None
+
+    def update(self, targets: torch.Tensor) -> torch.Tensor:
+        """Count `targets`, then return every item's estimated probability (add-one smoothed)."""
+        if self.counts is None or self.counts.device != targets.device:
+            self.counts = torch.zeros(self.num_items, dtype=torch.float64, device=targets.device)
+        self.counts.index_add_(0, targets, torch.ones_like(targets, dtype=torch.float64))
+        return (self.counts + 1) / (self.counts.sum() + self.num_items)
+
+
+def log_inclusion(probability: torch.Tensor | None, draws: int, uniform: int,
+                  num_items: int) -> torch.Tensor:
+    """log P(item in the sample) for every item, where the sample is `draws` draws by
+    `probability` (uniform over 1..N-1 when None) and `uniform` uniform draws:
+    1 - (1 - p)^draws (1 - 1/(N-1))^uniform. The candidates are the sample's distinct items, so
+    this, not the expected count, is what decides how often an item competes."""
+    if probability is None:
+        probability = torch.full((num_items,), 1 / (num_items - 1), dtype=torch.float64)
+        probability[0] = 0.0
+    log_missed = draws * torch.log1p(-probability.double().clamp(max=1 - 1e-12))
+    log_missed = log_missed + uniform * torch.log1p(torch.tensor(-1 / (num_items - 1),
+                                                                 dtype=torch.float64))
+    return torch.log(-torch.expm1(log_missed)).clamp(min=-80.0)
+
+
+def shared_sampled_softmax(states: torch.Tensor, target: torch.Tensor, vectors: Vectors,
+                           bias: torch.Tensor, excluded: ItemPairs | None, uniform: int,
+                           probability: torch.Tensor | None, generator=None,
+                           log_q: bool = True) -> torch.Tensor:
+    """Mean sampled-softmax loss of each state's target against negatives shared by the batch:
+    the batch's distinct targets (drawn, in effect, by the data's target frequency
+    `probability`) and `uniform` uniform draws over items 1..N-1.
+
+    log_q: every logit, the target's too, is lowered by the log of the chance that its item is
+    in that sample (log_inclusion), which removes the sample's lean towards popular items: at
+    the optimum the scores are the full softmax's (up to a constant). A
+    candidate equal to the row's target or among its `excluded` items is no negative."""
+    num_items, num_targets = bias.shape[0], target.shape[0]
+    drawn = torch.randint(1, num_items, (uniform,), device=target.device, generator=generator)
+    candidates = torch.unique(torch.cat([target, drawn]))
+    logits = states @ vectors(candidates).T + bias[candidates]
+    target_logit = (states * vectors(target)).sum(-1) + bias[target]
+    if log_q:
+        log_q_items = log_inclusion(probability, num_targets, uniform, num_items).to(logits.dtype)
+        logits = logits - log_q_items[candidates]
+        target_logit = target_logit - log_q_items[target]
+    not_negative = candidates.unsqueeze(0) == target.unsqueeze(1)
+    if excluded is not None and len(excluded):
+        rows = torch.arange(num_targets, device=target.device).unsqueeze(1)
+        not_negative |= excluded.contains(rows, candidates.unsqueeze(0))
+    logits = logits.masked_fill(not_negative, float("-inf"))
+    return F.cross_entropy(torch.cat([target_logit.unsqueeze(1), logits], dim=1),
+                           torch.zeros_like(target))
+
+
+def item_table(encoder, chunk: int = ITEM_CHUNK) -> torch.Tensor:
+    """[num_items, dim]: every item's vector (encoder.item_vectors), built chunk by chunk so
+    that no [items x tags x dim] intermediate exists; for scoring, without gradients."""
+    num_items = encoder.item.num_embeddings
+    with torch.no_grad():
+        if num_items <= chunk:
+            return encoder.item_vectors()
+        device = encoder.item.weight.device
+        return torch.cat([encoder.item_vectors(torch.arange(lo, min(lo + chunk, num_items),
+                                                            device=device))
+                          for lo in range(0, num_items, chunk)])
+
+
+def chunked_topk(score_chunk: Callable[[int, int], torch.Tensor], num_rows: int,
+                 num_items: int, k: int, excluded: ItemPairs | None = None,
+                 chunk: int = ITEM_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's top-k (values, item indices) over items 1..N-1, its `excluded` pairs left out:
+    score_chunk(lo, hi) gives [rows, hi - lo] scores, one chunk at a time, merged as they come.
+    The same as a dense topk of the masked scores wherever scores are distinct."""
+    pairs = excluded.by_item() if excluded is not None else None
+    values = torch.full((num_rows, 0), float("-inf"))
+    indices = torch.zeros((num_rows, 0), dtype=torch.long)
+    for lo in range(0, num_items, chunk):
+        hi = min(lo + chunk, num_items)
+        scores = score_chunk(lo, hi).float()
+        if pairs is not None:
+            rows, cols = pairs.in_chunk(lo, hi)
+            scores[rows, cols] = float("-inf")
+        if lo == 0:
+            scores[:, 0] = float("-inf")
+        ids = torch.arange(lo, hi).expand(num_rows, -1)
+        values, picked = torch.cat([values, scores], 1).topk(min(k, values.shape[1] + hi - lo),
+                                                              dim=1, sorted=True)
+        indices = torch.cat([indices, ids], 1).gather(1, picked)
+    return values, indices

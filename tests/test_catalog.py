@@ -1,0 +1,192 @@
+"""What grows with the catalog (hvd_ctsm.catalog): sparse exclusions, the chunked exact softmax,
+the shared sampled softmax with log-Q, the chunked top-K; each checked against its dense
+definition on small cases."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hvd_ctsm import catalog
+from hvd_ctsm.heads import EXACT_MAX_ITEMS, resolve_loss
+
+
+def dense_seen(items, target_row, target_pos, num_items):
+    """The dense definition: [T, num_items], item i at a position <= target_pos of the row."""
+    t = items.shape[1]
+    first = torch.full((items.shape[0], num_items), t, dtype=torch.long)
+    first = first.scatter_reduce(1, items, torch.arange(t).expand_as(items), reduce="amin")
+    mask = first[target_row] <= target_pos.unsqueeze(1)
+    mask[:, 0] = False  # padding: every loss and ranking leaves it out on its own
+    return mask
+
+
+def dense_tied(target_row, target_pos, target_item, num_items):
+    mask = torch.zeros(len(target_row), num_items, dtype=torch.bool)
+    for a in range(len(target_row)):
+        for b in range(len(target_row)):
+            if target_row[a] == target_row[b] and target_pos[a] == target_pos[b]:
+                mask[a, target_item[b]] = True
+    return mask
+
+
+def random_batch(seed, rows=6, window=9, num_items=40, targets=15):
+    g = torch.Generator().manual_seed(seed)
+    items = torch.randint(0, num_items, (rows, window), generator=g)
+    target_row = torch.randint(0, rows, (targets,), generator=g)
+    target_pos = torch.randint(0, 3, (targets,), generator=g) * 3  # ties: shared positions
+    target_item = torch.randint(1, num_items, (targets,), generator=g)
+    return items, target_row, target_pos, target_item
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_sparse_exclusions_equal_the_dense_masks(seed):
+    items, row, pos, target = random_batch(seed)
+    assert torch.equal(catalog.seen_pairs(items, row, pos, 40).dense(len(row)),
+                       dense_seen(items, row, pos, 40))
+    assert torch.equal(catalog.tied_pairs(row, pos, target, 40).dense(len(row)),
+                       dense_tied(row, pos, target, 40))
+
+
+def dense_softmax_loss(states, target, table, bias, excluded):
+    logits = states @ table.T + bias
+    if excluded is not None:
+        mask = excluded.dense(len(target))
+        mask[torch.arange(len(target)), target] = False
+        logits = logits.masked_fill(mask, float("-inf"))
+    logits[:, 0] = float("-inf")
+    return F.cross_entropy(logits, target)
+
+
+@pytest.mark.parametrize("chunk", [7, 16, 40, 1000])
+@pytest.mark.parametrize("exclude", [False, True])
+def test_chunked_exact_softmax_equals_the_dense_loss_and_gradient(chunk, exclude):
+    items, row, pos, target = random_batch(3)
+    g = torch.Generator().manual_seed(1)
+    table = torch.randn(40, 8, generator=g, requires_grad=True)
+    bias = torch.randn(40, generator=g, requires_grad=True)
+    states = torch.randn(len(target), 8, generator=g, requires_grad=True)
+    excluded = catalog.seen_pairs(items, row, pos, 40) if exclude else None
+
+    def vectors(ids):
+        return table[ids]
+
+    chunked = catalog.softmax_cross_entropy(states, target, vectors, bias, excluded, chunk=chunk)
+    grads = torch.autograd.grad(chunked, (states, table, bias))
+    dense = dense_softmax_loss(states, target, table, bias, excluded)
+    expected = torch.autograd.grad(dense, (states, table, bias))
+    assert torch.allclose(chunked, dense, atol=1e-5)
+    for got, want in zip(grads, expected, strict=True):
+        assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_shared_sampled_softmax_leaves_out_the_target_and_the_seen_items():
+    """With every item a uniform draw, the shared loss is the exact softmax (log-Q off), the
+    row's other candidates excluded as the exact loss excludes them."""
+    items, row, pos, target = random_batch(4, num_items=12)
+    g = torch.Generator().manual_seed(2)
+    table, bias = torch.randn(12, 6, generator=g), torch.randn(12, generator=g)
+    states = torch.randn(len(target), 6, generator=g)
+    excluded = catalog.seen_pairs(items, row, pos, 12)
+    shared = catalog.shared_sampled_softmax(states, target, lambda ids: table[ids], bias,
+                                            excluded, uniform=4000, probability=None,
+                                            generator=torch.Generator().manual_seed(0),
+                                            log_q=False)
+    exact = dense_softmax_loss(states, target, table, bias, excluded)
+    assert torch.allclose(shared, exact, atol=1e-5)
+
+
+def fit_item_scores(log_q: bool, steps=400, num_items=100, batch=32, seed=0):
+    """Learn one score per item from targets drawn by a Zipf law, with the shared sampled
+    softmax (in-batch negatives plus 4 uniform draws): the softmax of the learned scores."""
+    g = torch.Generator().manual_seed(seed)
+    truth = 1.0 / torch.arange(1, num_items)
+    truth = torch.cat([torch.zeros(1), truth / truth.sum()])  # item 0 is padding
+    scores = torch.zeros(num_items, requires_grad=True)
+    opt = torch.optim.Adam([scores], lr=0.05)
+    frequency = catalog.TargetFrequency(num_items)
+    for _ in range(steps):
+        target = torch.multinomial(truth, batch, replacement=True, generator=g)
+        probability = frequency.update(target)
+        loss = catalog.shared_sampled_softmax(
+            torch.ones(batch, 1), target, lambda ids: torch.zeros(len(ids), 1), scores, None,
+            uniform=4, probability=probability, generator=g, log_q=log_q)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return truth[1:], torch.softmax(scores.detach()[1:], 0)
+
+
+def test_log_q_correction_recovers_the_target_distribution_and_without_it_does_not():
+    """In-batch negatives are drawn by popularity: uncorrected, popular items are pushed down
+    as often as they are pulled up and the scores flatten; the log-Q correction undoes that, and
+    the learned softmax matches the true distribution."""
+    truth, corrected = fit_item_scores(log_q=True)
+    _, uncorrected = fit_item_scores(log_q=False)
+
+    def kl(p, q):
+        return float((p * (p / q).log()).sum())
+
+    assert kl(truth, corrected) < 0.03  # 0.009 measured
+    assert kl(truth, uncorrected) > 10 * kl(truth, corrected)  # 0.34 measured
+
+
+@pytest.mark.parametrize("chunk", [5, 13, 64])
+def test_chunked_topk_equals_the_dense_topk_with_the_same_exclusions(chunk):
+    items, row, pos, _ = random_batch(5, num_items=50)
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(len(row), 50, generator=g)
+    excluded = catalog.seen_pairs(items, row, pos, 50)
+    values, indices = catalog.chunked_topk(lambda lo, hi: scores[:, lo:hi], len(row), 50, k=7,
+                                           excluded=excluded, chunk=chunk)
+    dense = scores.masked_fill(excluded.dense(len(row)), float("-inf"))
+    dense[:, 0] = float("-inf")
+    expected = dense.topk(7, dim=1)
+    assert torch.equal(indices, expected.indices) and torch.equal(values, expected.values)
+
+
+def test_auto_loss_is_exact_up_to_the_threshold_and_shared_above():
+    assert resolve_loss("auto", EXACT_MAX_ITEMS) == "full"
+    assert resolve_loss("auto", EXACT_MAX_ITEMS + 1) == "shared"
+    assert resolve_loss("auto", 10**6, future_targets=2) == "full"  # only full has those terms
+    assert resolve_loss("bce", 10) == "bce"
+
+
+def eval_batch(seed, num_items=60, rows=8, window=10):
+    """A batch as the evaluation reader gives it: histories, one target per row, each client's
+    earlier items and all its items."""
+    g = torch.Generator().manual_seed(seed)
+    items = torch.randint(1, num_items, (rows, window), generator=g)
+    lengths = torch.randint(2, window + 1, (rows,), generator=g)
+    items = items * (torch.arange(window)[None, :] < lengths[:, None])
+    target = torch.randint(1, num_items, (rows,), generator=g)
+    target[0] = items[0, 0]  # a repeat: ranks last under the full protocol
+    prior = [row[row > 0].numpy() for row in items]
+    return {"item": items, "event_type": (items > 0).long(), "value": torch.zeros(rows, window),
+            "log_gap": torch.zeros(rows, window),
+            "client_attrs": torch.zeros(rows, window, 1, dtype=torch.long),
+            "target_row": torch.arange(rows), "target_pos": lengths - 1, "target_item": target,
+            "target_label": (torch.arange(rows) % 2).float(), "target_log_dt": torch.zeros(rows),
+            "prior_items": prior, "client_items": [list(p) + [int(t)] for p, t in
+                                                   zip(prior, target, strict=True)],
+            "client_id": [f"c{seed}-{r}" for r in range(rows)]}
+
+
+@pytest.mark.parametrize("chunk", [7, 25])
+def test_chunked_evaluation_gives_the_whole_matrix_ranks(chunk):
+    from hvd_ctsm.evaluate import Popularity, evaluate, model_scorer
+    from hvd_ctsm.model import CTSM, ModelSizes
+
+    torch.manual_seed(0)
+    model = CTSM(ModelSizes(num_items=60, num_event_types=3, attr_sizes=[2], max_len=10),
+                 dim=8, layers=1, heads=2, dropout=0.0).eval()
+    batches = [eval_batch(seed) for seed in range(3)]
+    popularity = Popularity.fit(batches, 60)
+    for scorer in (model_scorer(model, torch.device("cpu")), popularity.scorer()):
+        whole = evaluate(batches, scorer, 60, keep_ranks=True)
+        chunked = evaluate(batches, scorer, 60, keep_ranks=True, chunk=chunk)
+        for protocol in ("full", "sampled"):
+            assert np.array_equal(np.concatenate(chunked.ranks[protocol]),
+                                  np.concatenate(whole.ranks[protocol]))
+        assert chunked.summary() == whole.summary()
+    assert np.concatenate(whole.ranks["full"])[0] == 58  # the repeat target ranks last
