@@ -126,10 +126,18 @@ def sample_negatives(rng: np.random.Generator, num_items: int, exclude: np.ndarr
                      n: int, allow_fewer: bool = False) -> np.ndarray:
     """n distinct items in [1, num_items) that are not in `exclude` (the sampled protocol).
 
-    With allow_fewer, a catalogue too small for n gives all the items that are left."""
-    allowed = np.setdiff1d(np.arange(1, num_items), exclude, assume_unique=False)
-    if len(allowed) < n:
+    With allow_fewer, a catalogue too small for n gives all the items that are left.
+    Memory and time O(n + len(exclude)), not O(num_items): the draw picks positions among the
+    allowed items (as rng.choice(allowed) would, so the items are the same) and maps them to
+    items past the excluded ones, never listing the allowed items."""
+    exclude = np.asarray(exclude, dtype=np.int64)
+    excluded = np.unique(exclude[(exclude >= 1) & (exclude < num_items)])
+    allowed = num_items - 1 - len(excluded)
+    if allowed < n:
         if not allow_fewer:
-            raise ValueError(f"only {len(allowed)} items are left to sample {n} negatives from")
-        n = len(allowed)
-    return rng.choice(allowed, size=n, replace=False)
+            raise ValueError(f"only {allowed} items are left to sample {n} negatives from")
+        n = allowed
+    positions = rng.choice(allowed, size=n, replace=False)
+    # allowed items before each excluded one: position p is item p + 1 + (excluded items below)
+    before = excluded - np.arange(len(excluded)) - 1
+    return positions + 1 + np.searchsorted(before, positions, side="right")

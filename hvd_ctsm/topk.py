@@ -3,8 +3,8 @@
 A row is anything with the feature dataset's serving fields as attributes (a Petastorm row, or
 a SimpleNamespace built from plain lists by hvd_ctsm.serving): client_id, history_len, item,
 event_type, value, log_gap, client_attrs, client_items and (empty) target arrays. Batch scoring
-(hvd_ctsm.score, spark_jobs.score_topk) and the MLflow pyfunc flavour share it. torch, numpy and
-hvd_ctsm.data only, so every caller can import it without a cycle.
+(hvd_ctsm.score, spark_jobs.score_topk) and the MLflow pyfunc flavour share it. torch, numpy,
+hvd_ctsm.data, hvd_ctsm.catalog only, so every caller can import it without a cycle.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
+
+from hvd_ctsm import catalog
 
 
 def _batch_from_rows(rows: list, max_len: int) -> dict:
@@ -50,16 +52,13 @@ def client_states(model, rows: list, max_len: int) -> torch.Tensor:
 @torch.no_grad()
 def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int) -> Iterator[tuple]:
     states = client_states(model, rows, max_len)
-    scores = model.score(states)
-    for i, row in enumerate(rows):
-        seen = torch.as_tensor(np.asarray(row.client_items, dtype=np.int64))
-        scores[i, seen[(seen >= 0) & (seen < scores.shape[1])]] = float("-inf")
-    top = scores.topk(min(k, scores.shape[1]), dim=-1)
+    num_items = model.sizes.num_items
+    top = top_unseen(model, states, [row.client_items for row in rows], k, num_items)
     p_sale = None
     if "sale" in model.heads:
-        expanded = states.unsqueeze(1).expand(-1, top.indices.shape[1], -1)
-        p_sale = model.p_sale(expanded, top.indices).numpy()
-    values, indices = top.values.numpy(), top.indices.numpy()
+        expanded = states.unsqueeze(1).expand(-1, top[1].shape[1], -1)
+        p_sale = model.p_sale(expanded, top[1]).numpy()
+    values, indices = top[0].numpy(), top[1].numpy()
     for i, row in enumerate(rows):
         for rank in range(indices.shape[1]):
             if not np.isfinite(values[i, rank]):
@@ -67,3 +66,19 @@ def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int) -> I
             item = int(indices[i, rank])
             yield (str(row.client_id), rank + 1, items[item], item, float(values[i, rank]),
                    None if p_sale is None else float(p_sale[i, rank]))
+
+
+def top_unseen(model, states: torch.Tensor, seen: list, k: int,
+               num_items: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, item indices) of each state's top-k items outside its `seen` list (and never
+    padding), taken over the catalog a chunk of items at a time (catalog.chunked_topk)."""
+    lists = [np.asarray(items, dtype=np.int64) for items in seen]
+    lists = [items[(items >= 0) & (items < num_items)] for items in lists]
+    excluded = catalog.ItemPairs(
+        torch.from_numpy(np.repeat(np.arange(len(lists)), [len(x) for x in lists])),
+        torch.from_numpy(np.concatenate(lists) if lists else np.zeros(0, dtype=np.int64)),
+        num_items)
+    table = catalog.item_table(model.encoder)
+    bias = model.heads["next_item"].bias
+    return catalog.chunked_topk(lambda lo, hi: states @ table[lo:hi].T + bias[lo:hi],
+                                len(states), num_items, min(k, num_items), excluded)

@@ -120,3 +120,15 @@ def test_paired_differences_pair_each_target_with_itself_whatever_the_order():
     assert lower["sampled.hr@10"]["groups"] == 3  # a's two targets are resampled together
     with pytest.raises(ValueError, match="same targets"):
         paired_differences(ours, result(keys[:3], [0, 0, 0], [0, 0, 0]))
+
+
+@pytest.mark.parametrize("num_items", [30, 1682, 200_000])
+def test_sample_negatives_draws_what_a_choice_among_the_listed_allowed_items_draws(num_items):
+    """The same items as rng.choice(allowed) over the listed allowed items (the definition, and
+    what every earlier backtest drew), without listing them."""
+    exclude = np.random.default_rng(1).integers(0, num_items, size=min(400, num_items // 2))
+    allowed = np.setdiff1d(np.arange(1, num_items), exclude)
+    n = min(100, len(allowed))
+    expected = np.random.default_rng([5, 9]).choice(allowed, size=n, replace=False)
+    drawn = sample_negatives(np.random.default_rng([5, 9]), num_items, exclude, n)
+    assert np.array_equal(drawn, expected)
