@@ -49,6 +49,10 @@ class SyntheticParams:
     p_continue: float = 0.65  # chance that a run goes on to the next item of its series
     p_drift: float = 0.05  # chance per run that a client's taste switches
     p_taste: float = 0.8  # chance that a fresh run starts in the client's taste category
+    # 1: every item is in at least one event (its "discovery"), so the catalog has exactly
+    # `items` items at any size; 0: only the items the popularity draws reach (the default:
+    # about 120k distinct of items=300000 at 10^6 events).
+    cover: int = 0
 
     def __post_init__(self):
         if self.clients < 1 or self.items < 1:
@@ -57,6 +61,9 @@ class SyntheticParams:
             raise ValueError(
                 f"synthetic events ({self.events}) must be >= clients ({self.clients})"
             )
+        if self.cover and self.events < 2 * self.items:
+            raise ValueError(f"synthetic cover=1 needs events >= 2 x items ({2 * self.items}), "
+                             f"got {self.events}: raise events or lower items")
 
     @property
     def n_parts(self) -> int:
@@ -203,15 +210,33 @@ def generate_events_part(params: SyntheticParams, part: int, catalog=None) -> pd
     mean = RATING_MEAN + RATING_IN_TASTE * in_taste[ev_run]
     rating = np.clip(np.rint(rng.normal(mean, 1.0)), 1, 5)
     value = np.select([etype == 1, etype == 2], [1.0, rating], 0.0)
+    item_id = (series_first[series[ev_run]] + offset[ev_run] + ev_in_run).astype(np.int64)
+    if params.cover:
+        _cover_items(params, part, item_id, ev_in_run == 0)
     return pd.DataFrame(
         {
             "client_id": clients[ev_client].astype(np.int64),
-            "item_id": (series_first[series[ev_run]] + offset[ev_run] + ev_in_run).astype(np.int64),
+            "item_id": item_id,
             "timestamp": timestamp.astype(np.int64),
             "event_type": EVENT_TYPES[etype],
             "value": value,
         }
     )
+
+
+def _cover_items(params: SyntheticParams, part: int, item_id: np.ndarray,
+                 run_start: np.ndarray) -> None:
+    """cover=1: this partition's share of the catalog (items part+1, part+1+parts, ...) each
+    replace one event's item, chosen among the first events of runs (so series runs stay
+    whole) while there are enough of those: every item then appears somewhere."""
+    mine = np.arange(part + 1, params.items + 1, params.n_parts, dtype=np.int64)
+    rng = np.random.default_rng([params.seed, part, 3])
+    starts = np.flatnonzero(run_start)
+    pool = starts if len(starts) >= len(mine) else np.arange(len(item_id))
+    if len(pool) < len(mine):
+        raise ValueError(f"synthetic cover=1: partition {part} has {len(pool)} events for "
+                         f"{len(mine)} items: raise events or lower items")
+    item_id[rng.choice(pool, size=len(mine), replace=False)] = mine
 
 
 def generate_attrs_part(params: SyntheticParams, part: int) -> pd.DataFrame:
