@@ -130,6 +130,13 @@ class DistConfig:
     for the next step's large tensors; None: on without CUDA. On ML-100K (2 cores) epochs took
     0.76x the time at np=1 and 0.80x at np=2. Costs resident memory: a rank keeps its peak
     heap until it exits."""
+    sparse_gradients: bool | None = None
+    """Exchange only the rows of the item and tag tables that a step touched (sparse gradients:
+    Horovod allgathers them, DDP's Gloo sums them sparsely), each rank then adding them into
+    its dense optimizer state; the sum, and so the step, is the dense exchange's. None: on with
+    the shared next-item loss (model.loss=shared, or auto above 50,000 items), where a step
+    touches a few thousand of the catalog's rows; the exact softmax's gradient reaches every
+    item, so it stays dense there. At 10^6 items a dense exchange moves 256 MB a step."""
     spark_nics: str | None = None
     """Training on Spark with Horovod (horovod.spark): the network interfaces, comma-separated
     (e.g. 'lo' or 'eth0,ib0'), that the Gloo ranks and Horovod's driver and task services use;

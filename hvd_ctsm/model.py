@@ -269,6 +269,17 @@ class TemporalEncoder(nn.Module):
             vectors = vectors + self.tags(self.item_to_tags[item_ids]).sum(-2) * shares
         return vectors
 
+    def use_sparse_gradients(self) -> list[nn.Parameter]:
+        """Make the item and tag tables' gradients sparse (only the rows a batch looked up, each
+        once): a model read only through item_vectors(item_ids) lookups, never the whole table,
+        then has gradients whose size does not grow with the catalog. Returns those tables'
+        parameters (an optimizer cannot take sparse gradients: densify them before its step)."""
+        tables = [t for t in (self.item, self.tags) if t is not None]
+        for table in tables:
+            table.sparse = True
+            table.weight.register_hook(lambda grad: grad.coalesce())
+        return [t.weight for t in tables]
+
     def attention_bias(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The additive attention bias every block uses: None (plain causal attention), the
         recency bias [heads, t, t], or with time_bias a [b, heads, t, t] one; causal always."""

@@ -28,6 +28,7 @@ from hvd_ctsm import faults, outputs, tracking
 from hvd_ctsm.atomic import atomic_write_bytes
 from hvd_ctsm.checkpoint import CheckpointManager, save_state
 from hvd_ctsm.config import TrainConfig, save_config, to_dict
+from hvd_ctsm.config_types import check
 from hvd_ctsm.cpu_memory import keep_freed_memory
 from hvd_ctsm.data import EpochPlan, eval_batches, split_url
 from hvd_ctsm.dataset_meta import DatasetMeta, read_metadata
@@ -52,9 +53,20 @@ def start_rank(cfg: TrainConfig) -> tuple[DatasetMeta, torch.device, CTSM]:
     torch.manual_seed(cfg.seed)
     sizes = build_model_sizes(meta, cfg.data.path, cfg.model.item_category, cfg.model.item_tags)
     model = CTSM.from_config(sizes, asdict(cfg.model))
-    if dist.is_root() and "next_item" in model.heads:
-        log.info("next-item loss: %s (model.loss=%s, %d items)",
-                 LOSS_NAMES[model.heads["next_item"].loss_kind], cfg.model.loss, sizes.num_items)
+    loss = model.heads["next_item"].loss_kind if "next_item" in model.heads else None
+    sparse = cfg.dist.sparse_gradients
+    sparse = loss == "shared" if sparse is None else sparse
+    check(not sparse or loss == "shared", "dist.sparse_gradients=true needs the shared next-item "
+          "loss (model.loss=shared, or auto above 50,000 items): the others read the whole item "
+          "table")
+    check(not sparse or cfg.dist.compression == "none", "dist.compression=fp16 compresses dense "
+          "gradients only: set dist.sparse_gradients=false, or dist.compression=none")
+    if sparse:
+        model.encoder.use_sparse_gradients()
+    if dist.is_root() and loss:
+        log.info("next-item loss: %s (model.loss=%s, %d items); item gradients exchanged %s",
+                 LOSS_NAMES[loss], cfg.model.loss, sizes.num_items,
+                 "sparsely (the rows a step touched)" if sparse else "densely")
     return meta, device, model.to(device)
 
 
@@ -83,6 +95,9 @@ class Trainer:
         self.writer = None  # rank 0's TensorBoard/MLflow writer, from open_logs()
         decay = cfg.optim.ema_decay
         self.average = WeightAverage(model, decay, cfg.optim.base_batch_size) if decay else None
+        self.grad_norm: float | None = None  # the last step's, when optim.clip_grad_norm
+        self.sparse_tables = [m.weight for m in model.modules()
+                              if isinstance(m, torch.nn.Embedding) and m.sparse]
 
     def open_logs(self, resume: bool) -> None:
         """Rank 0: claim the run folder, save the config, open TensorBoard (and MLflow)."""
@@ -103,6 +118,8 @@ class Trainer:
         cfg, timer, backend = self.cfg, self.timer, self.backend
         micro = cfg.dist.backward_passes_per_step
         losses: dict[str, float] = {}
+        for table in self.sparse_tables:  # a zero dense grad (zero_grad, the optimizer state's
+            table.grad = None             # creation) would turn the sparse ones dense
         for i in range(micro):
             with timer("data"):
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in next(batches).items()}
@@ -117,9 +134,13 @@ class Trainer:
         with timer("allreduce"):  # waiting for the averaged gradients (DDP: done in backward)
             backend.finish_gradient_reduce(self.optimizer, cfg.dist.sleeping_wait)
         with timer("step"):
+            for table in self.sparse_tables:  # exchanged sparse; the optimizer takes dense
+                if table.grad is not None and table.grad.is_sparse:
+                    table.grad = table.grad.to_dense()
             self.scaler.unscale_(self.optimizer)
-            if cfg.optim.clip_grad_norm:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip_grad_norm)
+            if cfg.optim.clip_grad_norm:  # the norm of the averaged gradient, before clipping
+                self.grad_norm = float(torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), cfg.optim.clip_grad_norm))
             with backend.stepping(self.optimizer):
                 self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -133,6 +154,8 @@ class Trainer:
         """Average losses and time shares over ranks (a collective), then rank 0 logs them."""
         logged = dist.allreduce_mean({f"loss/{k}": v for k, v in losses.items()}
                                      | self.timer.shares())
+        if self.grad_norm is not None:  # the last step's; every rank has the same gradient
+            logged["grad_norm"] = self.grad_norm
         per_rank = dist.allgather_object(self.timer.busy_and_wait())  # a straggler shows by rank
         if dist.is_root():
             rate = self.effective_batch / max(logged["time/step_seconds"], 1e-9)

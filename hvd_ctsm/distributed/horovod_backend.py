@@ -115,6 +115,8 @@ def wait_for_gradients(optimizer: torch.optim.Optimizer) -> None:
     between polls; the optimizer's synchronize() then finds them done and does not spin."""
     hvd = _horovod()
     for handle, _ in list(getattr(optimizer, "_handles", {}).values()):
+        if callable(handle):  # a sparse gradient's allgathers: synchronize() waits for them
+            continue
         pause = POLL_FIRST_S
         while handle is not None and not hvd.poll(handle):
             time.sleep(pause)
