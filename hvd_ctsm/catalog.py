@@ -137,21 +137,26 @@ def softmax_cross_entropy(states: torch.Tensor, target: torch.Tensor, vectors: V
     """Mean cross-entropy of each state's target against every item but padding and its
     `excluded` pairs (the target itself is never excluded): the full softmax, exactly.
 
-    A catalog of at most `chunk` items is one chunk (all_vectors, if given, are its vectors).
-    A larger one is taken chunk by chunk, each chunk's logits remade in backward rather than
-    kept (activation checkpointing), so memory is O(targets x chunk) at any catalog size."""
+    A catalog of at most `chunk` items is one chunk (all_vectors, if given, are its vectors),
+    computed as the dense loss always was (the same operations, so the same numbers, bit for
+    bit). A larger one is taken chunk by chunk, each chunk's logits remade in backward rather
+    than kept (activation checkpointing), so memory is O(targets x chunk) at any size."""
     num_items = bias.shape[0]
     pairs = excluded.without(target).by_item() if excluded is not None else None
     none = torch.zeros(0, dtype=torch.long, device=states.device)
+    if num_items <= chunk:
+        table = all_vectors if all_vectors is not None else vectors(
+            torch.arange(num_items, device=states.device))
+        logits = states @ table.T + bias
+        logits[:, 0] = float("-inf")  # never a candidate: padding
+        if pairs is not None and len(pairs):
+            logits = logits.index_put((pairs.target, pairs.item),
+                                      torch.tensor(float("-inf"), device=logits.device))
+        return F.cross_entropy(logits, target)
     parts = []
     for lo in range(0, num_items, chunk):
         hi = min(lo + chunk, num_items)
         rows, cols = pairs.in_chunk(lo, hi) if pairs is not None else (none, none)
-        if hi - lo == num_items:
-            table = all_vectors if all_vectors is not None else vectors(
-                torch.arange(num_items, device=states.device))
-            parts.append(_chunk_logsumexp(states, table, bias, rows, cols, True))
-            continue
         ids = torch.arange(lo, hi, device=states.device)
 
         def chunk_lse(states, ids=ids, rows=rows, cols=cols, lo=lo):
@@ -217,9 +222,10 @@ def shared_sampled_softmax(states: torch.Tensor, target: torch.Tensor, vectors: 
         logits = logits - log_q_items[candidates]
         target_logit = target_logit - log_q_items[target]
     not_negative = candidates.unsqueeze(0) == target.unsqueeze(1)
-    if excluded is not None and len(excluded):
-        rows = torch.arange(num_targets, device=target.device).unsqueeze(1)
-        not_negative |= excluded.contains(rows, candidates.unsqueeze(0))
+    if excluded is not None and len(excluded):  # each pair's column, if its item is a candidate
+        column = torch.searchsorted(candidates, excluded.item).clamp(max=len(candidates) - 1)
+        hit = candidates[column] == excluded.item
+        not_negative[excluded.target[hit], column[hit]] = True
     logits = logits.masked_fill(not_negative, float("-inf"))
     return F.cross_entropy(torch.cat([target_logit.unsqueeze(1), logits], dim=1),
                            torch.zeros_like(target))

@@ -277,7 +277,14 @@ class TemporalEncoder(nn.Module):
         tables = [t for t in (self.item, self.tags) if t is not None]
         for table in tables:
             table.sparse = True
-            table.weight.register_hook(lambda grad: grad.coalesce())
+            table.rows_in_gradient = 0  # the last backward's, for the exchange's byte count
+
+            def coalesce(grad, table=table):  # one entry per row, however often it was read
+                grad = grad.coalesce()
+                table.rows_in_gradient = grad._nnz()
+                return grad
+
+            table.weight.register_hook(coalesce)
         return [t.weight for t in tables]
 
     def attention_bias(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:

@@ -63,11 +63,36 @@ def start_rank(cfg: TrainConfig) -> tuple[DatasetMeta, torch.device, CTSM]:
           "gradients only: set dist.sparse_gradients=false, or dist.compression=none")
     if sparse:
         model.encoder.use_sparse_gradients()
-    if dist.is_root() and loss:
-        log.info("next-item loss: %s (model.loss=%s, %d items); item gradients exchanged %s",
-                 LOSS_NAMES[loss], cfg.model.loss, sizes.num_items,
-                 "sparsely (the rows a step touched)" if sparse else "densely")
     return meta, device, model.to(device)
+
+
+def describe_loss(cfg: TrainConfig, model: CTSM) -> str:
+    """The log line that says which next-item loss 'auto' chose and how item gradients move."""
+    if "next_item" not in model.heads:
+        return "no next-item head"
+    sparse = model.encoder.item.sparse
+    return (f"next-item loss: {LOSS_NAMES[model.heads['next_item'].loss_kind]} (model.loss="
+            f"{cfg.model.loss}, {model.sizes.num_items:,} items); item gradients exchanged "
+            + ("sparsely (the rows a step touched)" if sparse else "densely"))
+
+
+class GradientBytes:
+    """What a rank puts into the gradient exchange each step, before compression: every dense
+    gradient whole, and of a sparse table (dist.sparse_gradients) the rows the last backward
+    touched with their indices; beside it what a dense exchange of the same model moves."""
+
+    def __init__(self, model: torch.nn.Module, sparse_tables: list[torch.nn.Embedding]):
+        sparse_ids = {id(t.weight) for t in sparse_tables}
+        trained = [p for p in model.parameters() if p.requires_grad]
+        self.dense = sum(p.numel() * p.element_size() for p in trained if id(p) not in sparse_ids)
+        self.all_dense = sum(p.numel() * p.element_size() for p in trained)
+        self.tables = sparse_tables
+
+    def last_step(self) -> dict[str, float]:
+        sparse = sum(t.rows_in_gradient * (t.weight[0].numel() * t.weight.element_size() + 8)
+                     for t in self.tables)
+        return {"exchange/mb": (self.dense + sparse) / 2**20,
+                "exchange/dense_mb": self.all_dense / 2**20}
 
 
 LOSS_NAMES = {"full": "full: exact softmax over every item, in item chunks",
@@ -96,8 +121,9 @@ class Trainer:
         decay = cfg.optim.ema_decay
         self.average = WeightAverage(model, decay, cfg.optim.base_batch_size) if decay else None
         self.grad_norm: float | None = None  # the last step's, when optim.clip_grad_norm
-        self.sparse_tables = [m.weight for m in model.modules()
-                              if isinstance(m, torch.nn.Embedding) and m.sparse]
+        sparse = [m for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse]
+        self.sparse_tables = [m.weight for m in sparse]
+        self.exchange = GradientBytes(model, sparse)
 
     def open_logs(self, resume: bool) -> None:
         """Rank 0: claim the run folder, save the config, open TensorBoard (and MLflow)."""
@@ -156,6 +182,7 @@ class Trainer:
                                      | self.timer.shares())
         if self.grad_norm is not None:  # the last step's; every rank has the same gradient
             logged["grad_norm"] = self.grad_norm
+        logged |= self.exchange.last_step()
         per_rank = dist.allgather_object(self.timer.busy_and_wait())  # a straggler shows by rank
         if dist.is_root():
             rate = self.effective_batch / max(logged["time/step_seconds"], 1e-9)

@@ -26,7 +26,7 @@ from hvd_ctsm.config import TrainConfig
 from hvd_ctsm.data import plan_epoch, prefetch, split_url, train_batches
 from hvd_ctsm.train_support import (lr_scale, lr_schedule, make_optimizer, progress_bar,
                                     rebase_schedule, restore, split_batch, warm_start)
-from hvd_ctsm.trainer import Trainer, start_rank
+from hvd_ctsm.trainer import Trainer, describe_loss, start_rank
 
 log = logging.getLogger("hvd_ctsm.train")
 
@@ -104,6 +104,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
         log.info("backend=%s ranks=%d steps/epoch=%d (shard rows %s) effective batch=%d "
                  "lr x%.3g", dist.current().name, dist.size(), plan.steps, plan.rows_per_shard,
                  effective_batch, scale)
+        log.info(describe_loss(cfg, model))
         if plan.target_budget:
             log.info("batches balanced by targets: >= %d per batch (shard targets %s)",
                      plan.target_budget, plan.targets_per_shard)

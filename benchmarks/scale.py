@@ -1,0 +1,236 @@
+"""Catalog scale: what the next-item loss, a training step, the backtest and scoring cost as the
+catalog grows from 10^3 to 10^6 items, clients and events fixed.
+
+    python benchmarks/scale.py                      # both parts: results/scale_<cpu>_<date>.json
+    python benchmarks/scale.py --only loss --items 1000,100000
+    python benchmarks/scale.py --quick --out DIR    # CI's tiny version
+
+Part `loss` (one fresh process per cell, so its peak memory is its own): one next-item loss
+forward and backward for a batch of 2,950 targets (a default batch's per rank) from 128 windows
+of 50 events, dim 64, with the seen-item exclusion: the dense loss as it was up to 2026-11-27
+(full logits, the [targets x items] first-seen mask), the exact loss in item chunks, and the
+shared sampled loss. Seconds (median of 3 after one untimed) and peak RSS above the process's
+before.
+Part `train`: the real feature job (synthetic, cover=1: exactly `items` items) and the real
+trainer for a few steps at np=1 and np=2 under each engine with the default config, then the
+full-ranking backtest and top-K scoring of every client: seconds per step, rows/s, peak RSS per
+rank, gradient bytes a rank exchanges per step (and a dense exchange's), backtest and scoring
+seconds and peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import (NO_TRACKING, RESULTS, build_features, env,  # noqa: E402
+                               machine, median, save, work_folder)
+
+ITEMS = [1_000, 10_000, 100_000, 1_000_000]
+LOSSES = ("dense", "exact", "shared")
+DENSE_LIMIT_GB = 12.0  # the dense loss is not tried where its tensors alone would need more
+
+
+def dense_loss_gb(items: int, targets: int = 2950) -> float:
+    """The old dense loss's big tensors: int64 first-seen mask, bool mask, logits, their grad."""
+    return targets * items * (8 + 1 + 4 * 3) / 1e9
+
+
+def probe(loss: str, items: int, repeats: int = 3) -> dict:
+    """One cell of part `loss`, in this process."""
+    import torch
+    import torch.nn.functional as F
+
+    from hvd_ctsm import catalog
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    windows, length, dim = 128, 50, 64
+    history = torch.randint(1, items, (windows, length))
+    target_row = torch.arange(windows).repeat_interleave(23)[:2950]
+    target_pos = torch.randint(0, length, (len(target_row),))
+    target = torch.randint(1, items, (len(target_row),))
+    table = torch.nn.Parameter(torch.randn(items, dim) * dim**-0.5)
+    bias = torch.nn.Parameter(torch.zeros(items))
+    states = torch.randn(len(target), dim, requires_grad=True)
+    frequency = catalog.TargetFrequency(items)
+
+    def step():
+        seen = catalog.seen_pairs(history, target_row, target_pos, items)
+        if loss == "exact":
+            value = catalog.softmax_cross_entropy(states, target, lambda ids: table[ids], bias,
+                                                  seen)
+        elif loss == "shared":
+            value = catalog.shared_sampled_softmax(states, target, lambda ids: table[ids], bias,
+                                                   seen, 2048, frequency.update(target))
+        else:  # the dense loss as it was: first-seen positions over the whole catalog
+            first = torch.full((windows, items), length, dtype=torch.long)
+            first = first.scatter_reduce(1, history, torch.arange(length).expand(windows, -1),
+                                         reduce="amin")
+            masked = first[target_row] <= target_pos.unsqueeze(1)
+            masked[torch.arange(len(target)), target] = False
+            logits = (states @ table.T + bias).masked_fill(masked, float("-inf"))
+            value = F.cross_entropy(logits, target)
+        value.backward()
+
+    before = psutil.Process().memory_info().rss
+    step()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - start)
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"loss": loss, "items": items, "seconds": median(seconds), "all_seconds": seconds,
+            "peak_rss_gb_above_start": round((peak - before) / 2**30, 3)}
+
+
+def loss_part(items: list[int]) -> list[dict]:
+    cells = []
+    for n in items:
+        for loss in LOSSES:
+            if loss == "dense" and dense_loss_gb(n) > DENSE_LIMIT_GB:
+                cells.append({"loss": loss, "items": n, "skipped": f"its tensors need about "
+                              f"{dense_loss_gb(n):.0f} GB"})
+                continue
+            out = subprocess.run([sys.executable, __file__, "probe", "--loss", loss,
+                                  "--items", str(n)], capture_output=True, text=True, env=env(),
+                                 check=True)
+            cells.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(f"[scale] loss {loss:6s} items {n:>9,}: {cells[-1]}", flush=True)
+    return cells
+
+
+def watch(cmd: list[str], log: Path, timeout: float) -> dict:
+    """Run `cmd` (its output to `log`), polling the peak RSS of each process in its tree."""
+    peaks: dict[int, int] = {}
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env())
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    if "python" in p.name():
+                        peaks[p.pid] = max(peaks.get(p.pid, 0), p.memory_info().rss)
+                except psutil.Error:
+                    pass
+            if time.perf_counter() - start > timeout:
+                proc.kill()
+                raise RuntimeError(f"{cmd[:3]} ran over {timeout} s (log: {log})")
+            time.sleep(0.2)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])}... exited {proc.returncode} (log: {log}):\n"
+                           + log.read_text()[-2000:])
+    top = sorted(peaks.values(), reverse=True)
+    return {"seconds": round(time.perf_counter() - start, 1),
+            "peak_rss_gb": [round(v / 2**30, 3) for v in top[:4]]}
+
+
+def launcher(engine: str, np: int) -> list[str]:
+    if np == 1:
+        return [sys.executable]
+    if engine == "torch":
+        return ["torchrun", "--standalone", "--nproc-per-node", str(np), "--no-python",
+                sys.executable]
+    return ["horovodrun", "-np", str(np), "--gloo", sys.executable]
+
+
+def train_cell(data: Path, work: Path, engine: str, np: int, steps: int) -> dict:
+    out = work / f"run-{engine}-np{np}"
+    cmd = [*launcher(engine, np), "-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out),
+           "--overwrite", "--epochs", "1", f"max_steps={steps}", "log_every_steps=1",
+           "progress=false", NO_TRACKING]
+    watched = watch(cmd, work / f"train-{engine}-np{np}.log", timeout=3600)
+    steps_log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    timed = steps_log[2:] or steps_log  # the first steps open readers and warm up
+    return {"engine": engine, "np": np, "seconds_per_step": median(
+        [s["time/step_seconds"] for s in timed]), "rows_per_s": median(
+        [s["samples_per_s"] for s in timed]), "exchange_mb": median(
+        [s["exchange/mb"] for s in timed]), "dense_exchange_mb": timed[0]["exchange/dense_mb"],
+        "peak_rss_gb_by_rank": watched["peak_rss_gb"][:np], "wall_seconds": watched["seconds"],
+        "loss_log": [line for line in (work / f"train-{engine}-np{np}.log").read_text()
+                     .splitlines() if "next-item loss" in line][:1]}
+
+
+def serve_cells(data: Path, work: Path, model: Path) -> dict:
+    backtest = watch([sys.executable, "-m", "hvd_ctsm", "backtest", "--data", str(data),
+                      "--model", str(model), "--report", str(work / "report.json")],
+                     work / "backtest.log", timeout=7200)
+    score = watch([sys.executable, "-m", "hvd_ctsm", "score", "--data", str(data), "--model",
+                   str(model), "--out", str(work / "scores.parquet"), "--k", "10"],
+                  work / "score.log", timeout=7200)
+    return {"backtest": backtest, "score": score}
+
+
+def train_part(items: list[int], clients: int, events: int, steps: int, engines: list[str],
+               work: Path) -> list[dict]:
+    cells = []
+    for n in items:
+        source = f"synthetic:clients={clients},items={n},events={events},seed=7,cover=1"
+        data = work / f"data-{n}"
+        start = time.perf_counter()
+        build_features(source, data, work / f"features-{n}.log", max_len=50)
+        meta = json.loads((data / "metadata.json").read_text())
+        cell = {"items": n, "vocab_items": meta["vocab"]["items"], "clients": clients,
+                "events": events, "features_seconds": round(time.perf_counter() - start, 1),
+                "runs": []}
+        for engine, np in [("single", 1)] + [(e, 2) for e in engines]:
+            cell["runs"].append(train_cell(data, work, engine, np, steps))
+            print(f"[scale] train items {n:>9,} {engine} np={np}: {cell['runs'][-1]}",
+                  flush=True)
+        cell |= serve_cells(data, work, work / f"run-{engines[0]}-np2")
+        print(f"[scale] serve items {n:>9,}: backtest {cell['backtest']}, score {cell['score']}",
+              flush=True)
+        cells.append(cell)
+    return cells
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("part", nargs="?", default="all", choices=("all", "probe"))
+    p.add_argument("--only", choices=("loss", "train"))
+    p.add_argument("--loss", choices=LOSSES, help="probe: the loss")
+    p.add_argument("--items", default=",".join(map(str, ITEMS)))
+    p.add_argument("--clients", type=int, default=20_000)
+    p.add_argument("--events", type=int, default=2_000_000)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--engines", default="torch,horovod")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    items = [int(x) for x in args.items.split(",")]
+    if args.part == "probe":
+        print(json.dumps(probe(args.loss, items[0])))
+        return 0
+    if args.quick:
+        items, args.clients, args.events, args.steps = [500, 4000], 300, 9000, 3
+    payload: dict = {"sizes": {"items": items, "clients": args.clients, "events": args.events,
+                               "steps": args.steps}}
+    if args.only in (None, "loss"):
+        payload["loss"] = loss_part(items)
+    if args.only in (None, "train"):
+        with work_folder("hvd_ctsm-scale-") as work:
+            payload["train"] = train_part(items, args.clients, args.events, args.steps,
+                                          args.engines.split(","), work)
+    stamp = machine()
+    cpu = re.sub(r"[^a-z0-9]+", "", stamp["cpu"].split()[0].lower())
+    name = f"scale_{cpu}-{stamp['cores']}c_{time.strftime('%Y-%m-%d')}"
+    print(f"[scale] wrote {save(name + ('_quick' if args.quick else ''), payload, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
