@@ -162,11 +162,18 @@ def spark_features(p: dict) -> list[str]:
     return [render(p)]
 
 
+def scale_section(p: dict) -> list[str]:
+    from benchmarks.scale import render
+
+    return render(p)
+
+
 SECTIONS = [("scaling", "Scaling: epoch time and communication vs workers", scaling),
             ("comm", "Horovod vs DDP, and Horovod's knobs", comm),
             ("input_pipeline", "Input pipeline", input_pipeline),
             ("quality", "Quality vs scale (do no harm)", quality),
-            ("spark_features", "Spark feature job", spark_features)]
+            ("spark_features", "Spark feature job", spark_features),
+            ("scale", "Catalog scale", scale_section)]
 
 
 def render(results: Path) -> str:

@@ -1,7 +1,7 @@
 """Catalog scale: what the next-item loss, a training step, the backtest and scoring cost as the
 catalog grows from 10^3 to 10^6 items, clients and events fixed.
 
-    python benchmarks/scale.py                      # both parts: results/scale_<cpu>_<date>.json
+    python benchmarks/scale.py                      # both parts: results/scale.json, .png
     python benchmarks/scale.py --only loss --items 1000,100000
     python benchmarks/scale.py --quick --out DIR    # CI's tiny version
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import time
@@ -33,8 +32,8 @@ import psutil
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (NO_TRACKING, RESULTS, build_features, env,  # noqa: E402
-                               machine, median, save, work_folder)
+from benchmarks.common import (NO_TRACKING, RESULTS, build_features, env, median,  # noqa: E402
+                               save, work_folder)
 
 ITEMS = [1_000, 10_000, 100_000, 1_000_000]
 LOSSES = ("dense", "exact", "shared")
@@ -225,11 +224,74 @@ def main(argv=None) -> int:
         with work_folder("hvd_ctsm-scale-") as work:
             payload["train"] = train_part(items, args.clients, args.events, args.steps,
                                           args.engines.split(","), work)
-    stamp = machine()
-    cpu = re.sub(r"[^a-z0-9]+", "", stamp["cpu"].split()[0].lower())
-    name = f"scale_{cpu}-{stamp['cores']}c_{time.strftime('%Y-%m-%d')}"
-    print(f"[scale] wrote {save(name + ('_quick' if args.quick else ''), payload, args.out)}")
+    path = save("scale_quick" if args.quick else "scale", payload, args.out)
+    plot(payload, args.out / ("scale_quick.png" if args.quick else "scale.png"))
+    print(f"[scale] wrote {path}")
     return 0
+
+
+def gb(values: list[float]) -> str:
+    return " / ".join(f"{v:.2f}" for v in values)
+
+
+def render(p: dict) -> list[str]:
+    """RESULTS.md's "Catalog scale" section (benchmarks/report.py)."""
+    out = ["The next-item loss alone (forward and backward, 2,950 targets, seen items excluded; "
+           "seconds, median of 3; peak RSS above the process's start, GB):", "",
+           "| items | dense (before) | exact in chunks | shared, log-Q |",
+           "| ---: | ---: | ---: | ---: |"]
+    by_size: dict[int, dict] = {}
+    for cell in p.get("loss", []):
+        measured = "skipped" not in cell and (
+            f"{cell['seconds']:.2f} s, {cell['peak_rss_gb_above_start']:.2f}")
+        by_size.setdefault(cell["items"], {})[cell["loss"]] = measured or cell["skipped"]
+    for items, cells in by_size.items():
+        out.append(f"| {items:,} | " + " | ".join(cells.get(k, "") for k in LOSSES) + " |")
+    sizes = p["sizes"]
+    out += ["", f"Training with the default config ({sizes['clients']:,} clients, "
+            f"{sizes['events']:,} events, synthetic cover=1; {sizes['steps']} steps, the first "
+            "two untimed), then the full-ranking backtest and top-10 scoring of every client:", "",
+            "| items | run | s/step | rows/s | peak RSS per rank, GB | exchange MB/step "
+            "(dense) |", "| ---: | --- | ---: | ---: | ---: | ---: |"]
+    for cell in p.get("train", []):
+        for r in cell["runs"]:
+            out.append(f"| {cell['items']:,} | {r['engine']} np={r['np']} | "
+                       f"{r['seconds_per_step']:.2f} | {r['rows_per_s']:.0f} | "
+                       f"{gb(r['peak_rss_gb_by_rank'])} | {r['exchange_mb']:.1f} "
+                       f"({r['dense_exchange_mb']:.1f}) |")
+    out += ["", "| items | feature job s | backtest s, peak GB | score s, peak GB |",
+            "| ---: | ---: | ---: | ---: |"]
+    for cell in p.get("train", []):
+        out.append(f"| {cell['items']:,} | {cell['features_seconds']:.0f} | "
+                   f"{cell['backtest']['seconds']:.0f}, {max(cell['backtest']['peak_rss_gb']):.2f}"
+                   f" | {cell['score']['seconds']:.0f}, {max(cell['score']['peak_rss_gb']):.2f} |")
+    return out + ["", "![catalog scale](results/scale.png)", ""]
+
+
+def plot(p: dict, path: Path) -> None:
+    from benchmarks.common import pyplot
+
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for loss in LOSSES:
+        cells = [c for c in p.get("loss", []) if c["loss"] == loss and "seconds" in c]
+        left.plot([c["items"] for c in cells], [c["seconds"] for c in cells], "o-", label=loss)
+    left.set(xscale="log", yscale="log", xlabel="items", ylabel="loss fwd+bwd, s",
+             title="next-item loss, 2,950 targets")
+    runs: dict[str, list] = {}
+    for cell in p.get("train", []):
+        for r in cell["runs"]:
+            runs.setdefault(f"{r['engine']} np={r['np']}", []).append(
+                (cell["items"], r["seconds_per_step"]))
+    for name, points in runs.items():
+        right.plot(*zip(*points, strict=True), "o-", label=name)
+    right.set(xscale="log", xlabel="items", ylabel="s / step", title="training step (default)")
+    for ax in (left, right):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ BENCH = ("benchmarks/run_all.py", "every benchmark, then benchmarks/RESULTS.md (
 def usage() -> str:
     width = max(map(len, STEPS))
     lines = [f"  {name:<{width}}  {text}" for name, (_, text) in {**STEPS, "bench": BENCH}.items()]
-    return "usage: hvd-ctsm STEP [options]   (hvd-ctsm STEP --help for a step's options)\n\n" \
+    return "usage: hvd-ctsm STEP [options]   (hvd-ctsm STEP --help for a step's options; " \
+        "--version)\n\n" \
         + "\n".join(lines)
 
 
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"hvd-ctsm {version()}")
         return 0
     step, rest = argv[0], argv[1:]
     if step == "bench":
@@ -51,6 +55,20 @@ def main(argv: list[str] | None = None) -> int:
               f"{usage()}", file=sys.stderr)
         return 2
     return importlib.import_module(STEPS[step][0]).main(rest) or 0
+
+
+def version() -> str:
+    """The installed distribution's version (the checkout's setup.cfg when not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("hvd_ctsm")
+    except metadata.PackageNotFoundError:
+        import configparser
+
+        setup = configparser.ConfigParser()
+        setup.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+        return setup.get("metadata", "version", fallback="unknown")
 
 
 def bench(argv: list[str]) -> int:

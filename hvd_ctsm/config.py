@@ -134,7 +134,7 @@ class DistConfig:
     """Exchange only the rows of the item and tag tables that a step touched (sparse gradients:
     Horovod allgathers them, DDP's Gloo sums them sparsely), each rank then adding them into
     its dense optimizer state; the sum, and so the step, is the dense exchange's. None: on with
-    the shared next-item loss (model.loss=shared, or auto above 50,000 items), where a step
+    the shared next-item loss (model.loss=shared, or auto above 25,000 items), where a step
     touches a few thousand of the catalog's rows; the exact softmax's gradient reaches every
     item, so it stays dense there. At 10^6 items a dense exchange moves 256 MB a step."""
     spark_nics: str | None = None

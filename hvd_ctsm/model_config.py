@@ -104,7 +104,7 @@ class ModelConfig:
     memory does not grow with the catalog but its time does); 'shared', a sampled softmax over
     negatives shared by the batch (its targets and `shared_negatives` uniform draws) with the
     log-Q correction, whose time does not grow with the catalog either; 'auto' (default),
-    'full' up to 50,000 items (heads.EXACT_MAX_ITEMS) and 'shared' above, as the training log
+    'full' up to 25,000 items (heads.EXACT_MAX_ITEMS) and 'shared' above, as the training log
     says; 'sampled' softmax or 'bce' with `negatives` sampled negatives per target. Up to
     2026-11-27 the default was 'full' at every size: 'auto' is the same loss on every catalog
     it could train (benchmarks/RESULTS.md, "Catalog scale")."""

@@ -57,7 +57,7 @@ def start_rank(cfg: TrainConfig) -> tuple[DatasetMeta, torch.device, CTSM]:
     sparse = cfg.dist.sparse_gradients
     sparse = loss == "shared" if sparse is None else sparse
     check(not sparse or loss == "shared", "dist.sparse_gradients=true needs the shared next-item "
-          "loss (model.loss=shared, or auto above 50,000 items): the others read the whole item "
+          "loss (model.loss=shared, or auto above 25,000 items): the others read the whole item "
           "table")
     check(not sparse or cfg.dist.compression == "none", "dist.compression=fp16 compresses dense "
           "gradients only: set dist.sparse_gradients=false, or dist.compression=none")

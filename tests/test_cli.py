@@ -67,3 +67,10 @@ def test_bad_input_through_the_console_script_is_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == (f"hvd-ctsm: error: {missing} is not a folder: point --data "
                                    "at a folder written by spark_jobs.build_features")
+
+
+def test_version_names_the_installed_release(capsys):
+    from importlib import metadata
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"hvd-ctsm {metadata.version('hvd_ctsm')}"

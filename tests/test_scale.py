@@ -17,7 +17,9 @@ RANK_BOUND_GB = 3.0
 
 def test_scale_benchmark_quick_measures_every_cell(tmp_path):
     assert scale.main(["--quick", "--engines", "torch", "--out", str(tmp_path)]) == 0
-    result = json.loads(next(tmp_path.glob("scale_*_quick.json")).read_text())
+    result = json.loads((tmp_path / "scale_quick.json").read_text())
+    assert (tmp_path / "scale_quick.png").stat().st_size > 0
+    assert "| 4,000 | torch np=2 |" in "\n".join(scale.render(result))
     assert [c["loss"] for c in result["loss"]] == list(scale.LOSSES) * 2
     assert all(c["seconds"] > 0 for c in result["loss"])
     for cell in result["train"]:
