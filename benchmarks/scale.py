@@ -96,7 +96,7 @@ def probe(loss: str, items: int, repeats: int = 3) -> dict:
             "peak_rss_gb_above_start": round((peak - before) / 2**30, 3)}
 
 
-def loss_part(items: list[int]) -> list[dict]:
+def loss_part(items: list[int], repeats: int = 3) -> list[dict]:
     cells = []
     for n in items:
         for loss in LOSSES:
@@ -105,8 +105,8 @@ def loss_part(items: list[int]) -> list[dict]:
                               f"{dense_loss_gb(n):.0f} GB"})
                 continue
             out = subprocess.run([sys.executable, __file__, "probe", "--loss", loss,
-                                  "--items", str(n)], capture_output=True, text=True, env=env(),
-                                 check=True)
+                                  "--items", str(n), "--repeats", str(repeats)],
+                                 capture_output=True, text=True, env=env(), check=True)
             cells.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"[scale] loss {loss:6s} items {n:>9,}: {cells[-1]}", flush=True)
     return cells
@@ -206,20 +206,21 @@ def main(argv=None) -> int:
     p.add_argument("--clients", type=int, default=20_000)
     p.add_argument("--events", type=int, default=2_000_000)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3, help="part loss: timed repeats per cell")
     p.add_argument("--engines", default="torch,horovod")
     p.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     items = [int(x) for x in args.items.split(",")]
     if args.part == "probe":
-        print(json.dumps(probe(args.loss, items[0])))
+        print(json.dumps(probe(args.loss, items[0], args.repeats)))
         return 0
     if args.quick:
         items, args.clients, args.events, args.steps = [500, 4000], 300, 9000, 3
     payload: dict = {"sizes": {"items": items, "clients": args.clients, "events": args.events,
                                "steps": args.steps}}
     if args.only in (None, "loss"):
-        payload["loss"] = loss_part(items)
+        payload["loss"] = loss_part(items, args.repeats)
     if args.only in (None, "train"):
         with work_folder("hvd_ctsm-scale-") as work:
             payload["train"] = train_part(items, args.clients, args.events, args.steps,

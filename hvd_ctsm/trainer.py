@@ -76,6 +76,28 @@ def describe_loss(cfg: TrainConfig, model: CTSM) -> str:
             + ("sparsely (the rows a step touched)" if sparse else "densely"))
 
 
+# What Gloo (torch and Horovod) and Horovod say when the rank at the other end has gone.
+PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "has been shut down")
+
+
+class PeerLostError(RuntimeError):
+    """Another rank vanished in the middle of a step; the message says what to look for."""
+
+
+def peer_lost_message(cfg: TrainConfig, model: CTSM, exc: BaseException) -> str:
+    """What a surviving rank says: a peer stopped, most often killed for memory, with this
+    run's catalog size and the settings that bound a rank's memory."""
+    loss = model.heads["next_item"].loss_kind if "next_item" in model.heads else "none"
+    fit = ("model.loss=shared (its memory does not grow with the catalog) or a smaller "
+           "data.batch_size" if loss == "full" else "a smaller data.batch_size, or fewer ranks "
+           "per host")
+    first = str(exc).strip().splitlines()[0][:160]
+    return (f"another rank stopped in the middle of a step ({first}). If the launcher reports "
+            "it killed (exit code -9, SIGKILL), it most likely ran out of memory: this run has "
+            f"{model.sizes.num_items:,} items, next-item loss {loss}, data.batch_size "
+            f"{cfg.data.batch_size} per rank; to fit, try {fit}")
+
+
 class GradientBytes:
     """What a rank puts into the gradient exchange each step, before compression: every dense
     gradient whole, and of a sparse table (dist.sparse_gradients) the rows the last backward
@@ -140,7 +162,16 @@ class Trainer:
 
     def step(self, batches: Iterator[dict]) -> dict:
         """backward_passes_per_step micro-batches, one gradient reduction, one optimizer step;
-        returns this rank's losses by head."""
+        returns this rank's losses by head. A peer that vanished mid-step (the transport's
+        'connection closed') is reported as such: PeerLostError."""
+        try:
+            return self._step(batches)
+        except RuntimeError as exc:
+            if not any(sign in str(exc) for sign in PEER_LOST) or isinstance(exc, PeerLostError):
+                raise
+            raise PeerLostError(peer_lost_message(self.cfg, self.model, exc)) from exc
+
+    def _step(self, batches: Iterator[dict]) -> dict:
         cfg, timer, backend = self.cfg, self.timer, self.backend
         micro = cfg.dist.backward_passes_per_step
         losses: dict[str, float] = {}

@@ -1,11 +1,11 @@
-"""Sparse gradient exchange (dist.sparse_gradients): real 2-rank runs under both engines move
-only the touched rows of the item and tag tables, keep both ranks' parameters identical, and end
-where the dense exchange ends, to float tolerance.
+"""Catalog-scale training across ranks. Sparse gradient exchange (dist.sparse_gradients):
+real 2-rank runs under both engines move only the touched rows of the item and tag tables, keep
+both ranks' parameters identical, and end where the dense exchange ends, to float tolerance.
 
 Adam divides each gradient element by its own running scale, so it is blind to a gradient's
 overall scale and turns the rounding of near-zero elements into steps of about the lr: the
 averaged gradient itself is compared through its norm (logged before clipping, every step), and
-the parameters only loosely."""
+the parameters only loosely. And a rank killed (as for memory) is reported as such."""
 
 import faultlib as fl
 import pytest
@@ -48,3 +48,31 @@ def test_sparse_exchange_with_the_exact_softmax_is_refused_in_one_line(tiny_feat
     assert proc.returncode == 2
     assert "dist.sparse_gradients=true needs the shared next-item loss" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_run_is_reported_by_the_survivor_with_the_catalog_size(tiny_features,
+                                                                                 tmp_path):
+    """SIGKILL one torchrun worker, as the kernel's OOM killer would: the other rank says that
+    a peer stopped, what to look for, and this run's catalog size and loss, not only Gloo's
+    'connection closed'."""
+    import signal
+    import time
+
+    import psutil
+
+    log = tmp_path / "run.log"
+    proc = fl.start(fl.trainer_cmd(tiny_features, tmp_path / "run", "--epochs", "200",
+                                   launcher=trainer_torchrun()), log)
+    fl.wait_for(lambda: (tmp_path / "run" / "train_log.jsonl").exists(), proc, what="training")
+    workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
+               if p.environ().get("LOCAL_RANK") == "1"
+               and "hvd_ctsm.train" in " ".join(p.cmdline())]
+    assert len(workers) == 1
+    workers[0].send_signal(signal.SIGKILL)
+    proc.wait(timeout=120)
+    time.sleep(0.5)
+    text = log.read_text()
+    assert proc.returncode != 0
+    assert "another rank stopped in the middle of a step" in text, text[-3000:]
+    assert "61 items, next-item loss full" in text and "model.loss=shared" in text
