@@ -216,7 +216,7 @@ def main(argv=None) -> int:
         print(json.dumps(probe(args.loss, items[0], args.repeats)))
         return 0
     if args.quick:
-        items, args.clients, args.events, args.steps = [500, 4000], 300, 9000, 3
+        items, args.clients, args.events, args.steps = [4000], 300, 9000, 3
     payload: dict = {"sizes": {"items": items, "clients": args.clients, "events": args.events,
                                "steps": args.steps}}
     if args.only in (None, "loss"):
@@ -237,7 +237,9 @@ def gb(values: list[float]) -> str:
 
 def render(p: dict) -> list[str]:
     """RESULTS.md's "Catalog scale" section (benchmarks/report.py)."""
-    out = ["The next-item loss alone (forward and backward, 2,950 targets, seen items excluded; "
+    out = [f"Measured in parts: {'; '.join(f'{k}: {v}' for k, v in p['runs'].items())}.", ""
+           ] if "runs" in p else []
+    out += ["The next-item loss alone (forward and backward, 2,950 targets, seen items excluded; "
            "seconds, median of 3; peak RSS above the process's start, GB):", "",
            "| items | dense (before) | exact in chunks | shared, log-Q |",
            "| ---: | ---: | ---: | ---: |"]
@@ -277,8 +279,9 @@ def plot(p: dict, path: Path) -> None:
     for loss in LOSSES:
         cells = [c for c in p.get("loss", []) if c["loss"] == loss and "seconds" in c]
         left.plot([c["items"] for c in cells], [c["seconds"] for c in cells], "o-", label=loss)
-    left.set(xscale="log", yscale="log", xlabel="items", ylabel="loss fwd+bwd, s",
-             title="next-item loss, 2,950 targets")
+    left.set(xlabel="items", ylabel="loss fwd+bwd, s", title="next-item loss, 2,950 targets")
+    if p.get("loss"):
+        left.set(xscale="log", yscale="log")
     runs: dict[str, list] = {}
     for cell in p.get("train", []):
         for r in cell["runs"]:
@@ -286,7 +289,9 @@ def plot(p: dict, path: Path) -> None:
                 (cell["items"], r["seconds_per_step"]))
     for name, points in runs.items():
         right.plot(*zip(*points, strict=True), "o-", label=name)
-    right.set(xscale="log", xlabel="items", ylabel="s / step", title="training step (default)")
+    right.set(xlabel="items", ylabel="s / step", title="training step (default)")
+    if runs:
+        right.set(xscale="log")
     for ax in (left, right):
         ax.legend()
         ax.grid(alpha=0.3)
