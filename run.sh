@@ -37,7 +37,7 @@ usage: ./run.sh STEP [args...]
   deploy     copy a gated model into the registry (hvd-ctsm deploy ...)
   score      top-K unseen items per client, Parquet (hvd-ctsm score ...)
   pipeline-spark  the whole chain as one Spark application (spark-submit spark_jobs/pipeline.py)
-  elastic    elastic training on this machine (horovodrun --min-np 1 --max-np 2, see README)
+  elastic    elastic training on this machine (horovodrun --min-np 1 --max-np 2, see docs/ELASTIC.md)
   bench      every benchmark, then benchmarks/RESULTS.md (~1 h on 2 cores; --only; --quick
              writes runs/bench-quick/ instead)
 EOF

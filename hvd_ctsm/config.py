@@ -65,7 +65,7 @@ class OptimConfig:
     lr_scaling: str = "linear"
     """How lr grows with the effective batch: 'linear', 'sqrt' or 'none'. Linear with warm-up
     kept NDCG@10 within seeds' noise at 2x the batch, and at 4x given the epochs it needs
-    (README, "More workers, same model"); sqrt lost 0.02-0.06 (benchmarks)."""
+    (benchmarks/QUALITY.md, "More workers, same model"); sqrt lost 0.02-0.06 (benchmarks)."""
     warmup_steps: int = 50
     """Linear warm-up from lr (unscaled) to the scaled lr over this many optimizer steps."""
     decay: str = "cosine"

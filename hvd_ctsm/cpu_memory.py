@@ -9,7 +9,7 @@ per second per rank, and a sixth (whole runs) to a third (mid-training) of each 
 spent in the kernel. With mmap off and trimming off, freed blocks stay in the process's heap
 and the next step reuses them.
 
-On ML-100K epochs took 0.76x the time at np=1 and 0.80x at np=2 (README, Performance). The
+On ML-100K epochs took 0.76x the time at np=1 and 0.80x at np=2 (benchmarks/PERFORMANCE.md). The
 price is memory: the process keeps its peak heap until it exits, as GPU caching allocators do
 (one epoch at np=1: peak 1,269 MB against 1,110 MB).
 """
