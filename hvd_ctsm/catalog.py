@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -44,6 +45,16 @@ class ItemPairs:
     def empty(cls, num_items: int, device=None) -> ItemPairs:
         none = torch.zeros(0, dtype=torch.long, device=device)
         return cls(none, none.clone(), num_items)
+
+    @classmethod
+    def from_lists(cls, lists, num_items: int) -> ItemPairs:
+        """Pairs from one list of item indices per target (numpy arrays or lists); indices
+        outside 0..num_items-1 are dropped."""
+        arrays = [np.asarray(items, dtype=np.int64) for items in lists]
+        arrays = [a[(a >= 0) & (a < num_items)] for a in arrays]
+        target = np.repeat(np.arange(len(arrays)), [len(a) for a in arrays])
+        items = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+        return cls(torch.from_numpy(target), torch.from_numpy(items), num_items)
 
     def __len__(self) -> int:
         return len(self.target)

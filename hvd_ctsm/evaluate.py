@@ -152,15 +152,6 @@ def _dense_ranks(batch, scores: ItemScores, num_items, seed, negatives):
     return full_ranks, np.asarray(sampled)
 
 
-def _prior_pairs(batch: dict, num_items: int) -> catalog.ItemPairs:
-    """(target, item) pairs of the items each target's client had before it, and the target."""
-    rows = batch["target_row"].numpy()
-    lists = [np.asarray(batch["prior_items"][row], dtype=np.int64) for row in rows]
-    target = np.repeat(np.arange(len(rows)), [len(items) for items in lists])
-    items = np.concatenate(lists) if lists else np.zeros(0, dtype=np.int64)
-    return catalog.ItemPairs(torch.from_numpy(target), torch.from_numpy(items), num_items)
-
-
 def _chunked_full_ranks(batch: dict, scores: ItemScores, num_items: int,
                         chunk: int) -> np.ndarray:
     """The full protocol's ranks, as _dense_ranks gives them, a chunk of items at a time.
@@ -169,7 +160,8 @@ def _chunked_full_ranks(batch: dict, scores: ItemScores, num_items: int,
     surely above it (above an estimate plus a margin) and keeps the few near it, which are
     settled once the exact score is known: the same comparisons as on the whole matrix."""
     targets = batch["target_item"]
-    prior = _prior_pairs(batch, num_items)
+    prior = catalog.ItemPairs.from_lists(  # what each target's client had before it
+        [batch["prior_items"][row] for row in batch["target_row"].numpy()], num_items)
     repeat = prior.contains(torch.arange(len(targets)), targets)  # ranks last: num_items - 2
     prior = prior.by_item()
     estimate = scores.at(targets.unsqueeze(1)).squeeze(1).double()

@@ -72,12 +72,7 @@ def top_unseen(model, states: torch.Tensor, seen: list, k: int,
                num_items: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, item indices) of each state's top-k items outside its `seen` list (and never
     padding), taken over the catalog a chunk of items at a time (catalog.chunked_topk)."""
-    lists = [np.asarray(items, dtype=np.int64) for items in seen]
-    lists = [items[(items >= 0) & (items < num_items)] for items in lists]
-    excluded = catalog.ItemPairs(
-        torch.from_numpy(np.repeat(np.arange(len(lists)), [len(x) for x in lists])),
-        torch.from_numpy(np.concatenate(lists) if lists else np.zeros(0, dtype=np.int64)),
-        num_items)
+    excluded = catalog.ItemPairs.from_lists(seen, num_items)
     table = catalog.item_table(model.encoder)
     bias = model.heads["next_item"].bias
     return catalog.chunked_topk(lambda lo, hi: states @ table[lo:hi].T + bias[lo:hi],
