@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,15 +29,22 @@ if __package__ in (None, ""):
 from benchmarks.common import RESULTS, horovodrun, run, save, spread, work_folder  # noqa: E402
 from benchmarks.scaling import trainer_args  # noqa: E402
 
+# Readers compared: the default (pyarrow alone), Petastorm's reader with our .npy decoder (the
+# default until 2026-11), and Petastorm's reader with its own np.load decoder.
+READERS = {"arrow": ("arrow", True), "ours": ("petastorm", True),
+           "petastorm_np_load": ("petastorm", False)}
 
-def read_shard(data: Path, rank: int, size: int, batch_size: int, fast: bool) -> float:
+
+def read_shard(data: Path, rank: int, size: int, batch_size: int, variant: str) -> float:
     """Rows per second of one epoch of one rank's shard."""
     import hvd_ctsm.npy_codec as npy_codec
     from hvd_ctsm.data import plan_epoch, read_metadata, split_url, train_batches
 
+    reader, fast = READERS[variant]
     meta, url = read_metadata(data), split_url(data, "train")
     plan = plan_epoch(url, size, batch_size)
-    switch = npy_codec.use_fast_decoding
+    switch, before = npy_codec.use_fast_decoding, os.environ.get("HVD_CTSM_READER")
+    os.environ["HVD_CTSM_READER"] = reader
     if not fast:  # Petastorm's own decoder: leave the loaded schema's codecs as they are
         npy_codec.use_fast_decoding = lambda schema: 0
     try:
@@ -47,6 +55,10 @@ def read_shard(data: Path, rank: int, size: int, batch_size: int, fast: bool) ->
         return rows / (time.perf_counter() - t0)
     finally:
         npy_codec.use_fast_decoding = switch
+        if before is None:
+            os.environ.pop("HVD_CTSM_READER")
+        else:
+            os.environ["HVD_CTSM_READER"] = before
 
 
 def trainer_side(scaling: Path | None) -> dict | None:
@@ -85,10 +97,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     repeats = 1 if args.quick else args.repeats
-    rates = {"ours": [], "petastorm_np_load": []}
+    rates = {name: [] for name in READERS}
     for _ in range(repeats):
-        for name, fast in (("ours", True), ("petastorm_np_load", False)):
-            per_rank = [read_shard(args.data, r, 2, args.batch_size, fast) for r in range(2)]
+        for name in READERS:
+            per_rank = [read_shard(args.data, r, 2, args.batch_size, name) for r in range(2)]
             rates[name].append(min(per_rank))  # the slower shard paces the job
     reading = {name: spread(values) for name, values in rates.items()}
     by_epoch = []

@@ -103,7 +103,9 @@ def input_pipeline(p: dict) -> list[str]:
     r = p["read_rows_per_s_per_rank"]
     out = [f"Data: {p['data']}, batch {p['batch_size']}, np=2 sharding, {p['repeats']} repeats.",
            "", "| reader | rows/s per rank (slower shard) |", "| --- | ---: |",
-           f"| ours (Petastorm rows, our .npy decoder) | {med(r['ours'], '{:.0f}')} |",
+           *([f"| pyarrow alone (the default reader since 2026-11) | {med(r['arrow'], '{:.0f}')} |"]
+             if "arrow" in r else []),
+           f"| Petastorm rows, our .npy decoder | {med(r['ours'], '{:.0f}')} |",
            f"| Petastorm's own decoder (np.load) | {med(r['petastorm_np_load'], '{:.0f}')} |", ""]
     if p.get("trainer"):
         t = p["trainer"]
@@ -168,12 +170,19 @@ def scale_section(p: dict) -> list[str]:
     return render(p)
 
 
+def gpu_section(p: dict) -> list[str]:
+    from benchmarks.gpu import render
+
+    return render(p)
+
+
 SECTIONS = [("scaling", "Scaling: epoch time and communication vs workers", scaling),
             ("comm", "Horovod vs DDP, and Horovod's knobs", comm),
             ("input_pipeline", "Input pipeline", input_pipeline),
             ("quality", "Quality vs scale (do no harm)", quality),
             ("spark_features", "Spark feature job", spark_features),
-            ("scale", "Catalog scale", scale_section)]
+            ("scale", "Catalog scale", scale_section),
+            ("gpu", "GPU check (scripts/gpu_check.sh)", gpu_section)]
 
 
 def render(results: Path) -> str:

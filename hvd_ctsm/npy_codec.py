@@ -14,10 +14,10 @@ the codecs of the schema it loaded to this subclass, in this process only: same 
 from __future__ import annotations
 
 import ast
+from functools import cache
 from io import BytesIO
 
 import numpy as np
-from petastorm.codecs import NdarrayCodec
 
 MAGIC = b"\x93NUMPY"
 _MAX_CACHED_HEADERS = 100_000  # a bound, not a tuning knob: one entry per distinct dtype+shape
@@ -51,11 +51,17 @@ def decode_npy(value) -> np.ndarray:
     return array.reshape(shape, order="F" if fortran else "C").copy()
 
 
-class NpyCodec(NdarrayCodec):
-    """NdarrayCodec (np.save bytes) with a decoder that parses each distinct header once."""
+@cache
+def npy_codec_classes():
+    """NdarrayCodec (np.save bytes) with a decoder that parses each distinct header once. Built
+    on first use: this module is also the Petastorm-free reader's decoder."""
+    from petastorm.codecs import NdarrayCodec
 
-    def decode(self, unischema_field, value):
-        return decode_npy(value)
+    class NpyCodec(NdarrayCodec):
+        def decode(self, unischema_field, value):
+            return decode_npy(value)
+
+    return NdarrayCodec, NpyCodec
 
 
 def use_fast_decoding(schema) -> int:
@@ -64,9 +70,10 @@ def use_fast_decoding(schema) -> int:
     Called on a reader's schema right after make_reader and before the first row: Petastorm's
     in-process ("dummy") worker decodes with these very codec objects.
     """
+    ndarray_codec, npy_codec = npy_codec_classes()
     switched = 0
     for field in schema.fields.values():
-        if type(field.codec) is NdarrayCodec:
-            field.codec.__class__ = NpyCodec
+        if type(field.codec) is ndarray_codec:
+            field.codec.__class__ = npy_codec
             switched += 1
     return switched

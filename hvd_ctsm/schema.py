@@ -1,4 +1,5 @@
-"""The contract between the Spark feature job and the trainer: one Petastorm Unischema.
+"""The contract between the Spark feature job and the trainer: one table of fields (a Petastorm
+Unischema where Petastorm is installed).
 
 One row is one example: a window of at most `max_len` consecutive events of one client (the
 history, oldest first) and the targets predicted from it. Each target names the history position
@@ -52,38 +53,44 @@ SERVING_SPLIT = "serving"  # every client's latest events, no targets (batch sco
 OUTPUT_SPLITS = (*SPLITS, SERVING_SPLIT)  # every folder the feature job writes
 
 
+# Every column of a row, in one table that both readers use: (name, numpy dtype, shape). A shape
+# of () is a scalar column (Parquet string or int32); any other is an array stored as the bytes of
+# `np.save` (Petastorm's NdarrayCodec). The Unischema below and the Petastorm-free reader
+# (hvd_ctsm.arrow_reader) are both built from it, so they cannot disagree.
+FIELDS = (
+    ("client_id", np.str_, ()),
+    ("history_len", np.int32, ()),
+    # History, oldest first; all arrays have history_len entries.
+    ("item", np.int32, (None,)),  # item index (vocabulary), >= 1
+    ("event_type", np.int32, (None,)),  # EVENT_TYPE_INDEX
+    ("value", np.float32, (None,)),  # e.g. the rating; 0 when the event has none
+    ("timestamp", np.int64, (None,)),  # unix seconds
+    ("log_gap", np.float32, (None,)),  # log1p(hours since the previous event), 0 for the first
+    ("client_attrs", np.int32, (None, None)),  # [history_len, n_attrs] as of each event
+    # Targets; all arrays have the same length (>= 1; 0 in serving rows).
+    ("target_pos", np.int32, (None,)),  # history position whose state predicts the target
+    ("target_item", np.int32, (None,)),
+    ("target_label", np.float32, (None,)),  # the p(sale) label (e.g. purchase, rating >= 4)
+    ("target_time", np.int64, (None,)),
+    ("target_log_dt", np.float32, (None,)),  # log1p(hours from target_pos's event to target)
+    # Evaluation and serving rows only (empty in training rows).
+    ("prior_items", np.int32, (None,)),
+    ("client_items", np.int32, (None,)),
+)
+SCALAR_TYPES = {name: dtype for name, dtype, shape in FIELDS if shape == ()}
+
+
 def make_schema():
     """Build the Unischema (imported lazily: petastorm pulls in pyspark and pyarrow)."""
     from petastorm.codecs import NdarrayCodec, ScalarCodec
     from petastorm.unischema import Unischema, UnischemaField
     from pyspark.sql.types import IntegerType, StringType
 
-    def seq(name, dtype, shape=(None,)):
-        return UnischemaField(name, dtype, shape, NdarrayCodec(), False)
-
-    return Unischema(
-        "CtsmExample",
-        [
-            UnischemaField("client_id", np.str_, (), ScalarCodec(StringType()), False),
-            UnischemaField("history_len", np.int32, (), ScalarCodec(IntegerType()), False),
-            # History, oldest first; all arrays have history_len entries.
-            seq("item", np.int32),  # item index (vocabulary), >= 1
-            seq("event_type", np.int32),  # EVENT_TYPE_INDEX
-            seq("value", np.float32),  # e.g. the rating; 0 when the event has none
-            seq("timestamp", np.int64),  # unix seconds
-            seq("log_gap", np.float32),  # log1p(hours since the previous event), 0 for the first
-            seq("client_attrs", np.int32, (None, None)),  # [history_len, n_attrs] as of each event
-            # Targets; all arrays have the same length (>= 1; 0 in serving rows).
-            seq("target_pos", np.int32),  # history position whose state predicts the target
-            seq("target_item", np.int32),
-            seq("target_label", np.float32),  # the p(sale) label (e.g. purchase, rating >= 4)
-            seq("target_time", np.int64),
-            seq("target_log_dt", np.float32),  # log1p(hours from target_pos's event to target)
-            # Evaluation and serving rows only (empty in training rows).
-            seq("prior_items", np.int32),
-            seq("client_items", np.int32),
-        ],
-    )
+    spark_types = {np.str_: StringType(), np.int32: IntegerType()}
+    return Unischema("CtsmExample", [
+        UnischemaField(name, dtype, shape,
+                       ScalarCodec(spark_types[dtype]) if shape == () else NdarrayCodec(), False)
+        for name, dtype, shape in FIELDS])
 
 
 def log_hours(seconds):

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from hvd_ctsm.npy_codec import NpyCodec, decode_npy
+from hvd_ctsm.npy_codec import decode_npy, npy_codec_classes
 
 DTYPES = st.sampled_from([np.int32, np.int64, np.float32, np.float64, np.uint8, ">i4", "<f8"])
 
@@ -41,7 +41,7 @@ def test_codec_round_trip_through_petastorm_encode():
     """Encoded by Petastorm's own NdarrayCodec.encode (what the feature job writes)."""
     from petastorm.unischema import UnischemaField
 
-    codec = NpyCodec()
+    codec = npy_codec_classes()[1]()
     field = UnischemaField("x", np.int32, (None, None), codec, False)
     array = np.arange(12, dtype=np.int32).reshape(4, 3)
     np.testing.assert_array_equal(codec.decode(field, codec.encode(field, array)), array)
