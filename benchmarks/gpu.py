@@ -1,0 +1,272 @@
+"""The GPU check: CUDA step time and memory by catalog size, loss and AMP mode, and the ML-100K
+default trained on one GPU under bf16 and fp32, in one run of under 8 minutes.
+
+    scripts/gpu_check.sh FEATURES OUT     # FEATURES: ML-100K as the feature job writes it
+
+It needs only what a GPU image with PyTorch has (torch, numpy, pyarrow, PyYAML): the repository
+on PYTHONPATH, no Spark, Petastorm or Horovod (the dataset is read by hvd_ctsm.arrow_reader, the
+trainer runs under torchrun). Every part runs in its own time box and writes what it measured to
+OUT/gpu.json as it goes, so a part that fails or runs out of time leaves the others' results.
+
+- steps: the CTSM training step (forward, backward, AdamW) on real ML-100K batches, with the item
+  vocabulary enlarged to 10^3..10^6 (the extra items never occur as targets; the shared loss
+  draws them as negatives, the exact loss scores them all): seconds a step after warm-up (CUDA
+  synchronised), targets a second, peak GPU memory; loss auto (exact up to 25,000 items, shared
+  above) and exact; AMP off, bf16 and fp16.
+- ml100k: `torchrun --nproc-per-node 1 -m hvd_ctsm.train` with the default config and the
+  backtest of the model it keeps, with amp=bf16 and amp=off alternating seed by seed (`--seeds`):
+  test NDCG@10 (full and sampled), epochs, seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import REPO, machine  # noqa: E402
+
+ITEMS = (1_000, 10_000, 100_000, 1_000_000)
+AMPS = ("off", "bf16", "fp16")
+
+
+def gpu_info() -> dict:
+    import numpy
+    import pyarrow
+    import torch
+
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "numpy": numpy.__version__,
+            "pyarrow": pyarrow.__version__, "gpu": None}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info |= {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+                 "bf16": torch.cuda.is_bf16_supported()}
+    return info
+
+
+class Results:
+    """OUT/gpu.json, rewritten after every cell."""
+
+    def __init__(self, path: Path):
+        self.path, self.payload = path, {"machine": machine(), "gpu": gpu_info(), "steps": [],
+                                         "ml100k": []}
+        self.save()
+
+    def add(self, part: str, row: dict) -> None:
+        self.payload[part].append(row)
+        print(json.dumps({part: row}), flush=True)
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.payload, indent=1))
+        tmp.replace(self.path)
+
+
+def preload(data: Path, batches: int, device) -> tuple[list[dict], object]:
+    from hvd_ctsm.config import load_config
+    from hvd_ctsm.data import plan_epoch, read_metadata, split_url, train_batches
+
+    cfg, meta, url = load_config(), read_metadata(data), split_url(data, "train")
+    plan = replace(plan_epoch(url, 1, cfg.data.batch_size), steps=batches)
+    rows = train_batches(url, 0, 1, 0, plan, cfg.data.batch_size, meta.max_len, seed=0)
+    return [{k: v.to(device) for k, v in b.items()} for b in rows], meta
+
+
+def step_cell(batches: list[dict], meta, items: int, loss: str, amp: str, steps: int,
+              warmup: int, device) -> dict:
+    """One model at one catalog size: median seconds a step, targets/s, peak GPU memory."""
+    import torch
+
+    from hvd_ctsm.config import load_config
+    from hvd_ctsm.heads import resolve_loss
+    from hvd_ctsm.model import CTSM
+    from hvd_ctsm.train_support import autocast_for, build_model_sizes
+
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    cfg = load_config(None, [f"model.loss={loss}"])
+    sizes = build_model_sizes(meta)  # the data's own items, or more (never occurring ones)
+    sizes = replace(sizes, num_items=max(items, sizes.num_items))
+    row = {"items": sizes.num_items, "loss": resolve_loss(loss, sizes.num_items + 1), "amp": amp}
+    torch.manual_seed(0)
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    model = optimizer = None
+    try:
+        model = CTSM.from_config(sizes, asdict(cfg.model)).to(device).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        autocast, scaler = autocast_for(amp, device)
+        times, losses = [], []
+        for i in range(warmup + steps):
+            batch = batches[i % len(batches)]
+            sync()
+            t0 = time.perf_counter()
+            with autocast():
+                value = sum(model(batch).values())
+            scaler.scale(value).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            sync()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+                losses.append(value.item())
+        step = statistics.median(times)
+        targets = statistics.mean(len(b["target_item"]) for b in batches)
+        row |= {"s_per_step": round(step, 5), "targets_per_s": round(targets / step),
+                "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None,
+                "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
+                "finite": all(map(lambda x: x == x and abs(x) != float("inf"), losses))}
+    except torch.OutOfMemoryError as exc:
+        row |= {"error": f"out of memory: {str(exc).splitlines()[0]}"}
+    finally:
+        del model, optimizer
+        if cuda:
+            torch.cuda.empty_cache()
+    return row
+
+
+def steps_part(data: Path, results: Results, budget: float, steps: int, warmup: int,
+               device, items: tuple[int, ...]) -> None:
+    start = time.monotonic()
+    batches, meta = preload(data, 8, device)
+    cells = [(n, "auto", amp) for n in items for amp in AMPS]
+    cells += [(n, "full", "bf16") for n in items if n > 25_000]
+    for items, loss, amp in cells:
+        if time.monotonic() - start > budget:
+            results.add("steps", {"items": items, "loss": loss, "amp": amp,
+                                  "error": f"skipped: the part's {budget:.0f} s were spent"})
+            continue
+        results.add("steps", step_cell(batches, meta, items, loss, amp, steps, warmup, device))
+
+
+def ml100k_run(data: Path, out: Path, work: Path, amp: str, seed: int, timeout: float,
+               extra: list[str]) -> dict:
+    """The default config on one GPU under torchrun, then the backtest of the kept model: the
+    run folder and report in `work`, the log in `out`."""
+    run = work / f"ml100k-{amp}-seed{seed}"
+    log = out / f"ml100k-{amp}-seed{seed}.log"
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = os.environ | {"PYTHONPATH": path, "PYTHONWARNINGS": "ignore"}
+    train = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+             "1", "-m", "hvd_ctsm.train", "--data", str(data), "--out", str(run), "--overwrite",
+             f"amp={amp}", f"seed={seed}", "dist.backend=torch", "tracking.enabled=false", *extra]
+    report = work / f"ml100k-{amp}-seed{seed}-report.json"
+    backtest = [sys.executable, "-m", "hvd_ctsm", "backtest", "--data", str(data), "--model",
+                str(run), "--report", str(report)]
+    row = {"amp": amp, "seed": seed}
+    t0 = time.monotonic()
+    with open(log, "w") as sink:
+        for name, cmd in (("train", train), ("backtest", backtest)):
+            left = timeout - (time.monotonic() - t0)
+            try:
+                code = subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env,
+                                      cwd=REPO, timeout=max(left, 1)).returncode
+            except subprocess.TimeoutExpired:
+                return row | {"error": f"{name} ran past the part's {timeout:.0f} s"}
+            row[f"{name}_s"] = round(time.monotonic() - t0 - sum(
+                v for k, v in row.items() if k.endswith("_s")), 1)
+            if code != 0:
+                return row | {"error": f"{name} exited {code} (see {log.name})"}
+    metrics = json.loads(report.read_text())
+    for who in ("model", "popularity"):
+        row[who] = {f"{protocol}.{k}": round(metrics[who][protocol][k], 4)
+                    for protocol in ("full", "sampled") for k in ("ndcg@10", "hr@10")}
+    lines = [line.split("hvd_ctsm.train: ", 1)[-1] for line in log.read_text().splitlines()
+             if "hvd_ctsm.train: " in line]
+    row["log"] = [line for line in lines if line.startswith(("backend=", "early stop", "done"))]
+    row["log"] += [line for line in lines if " val full " in line][-1:]
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, required=True, help="ML-100K from the feature job")
+    p.add_argument("--out", type=Path, required=True, help="where gpu.json and logs go")
+    p.add_argument("--work", type=Path, default=None,
+                   help="where the ML-100K runs' folders go (default: OUT/runs)")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps-budget", type=float, default=120.0, help="seconds for the step part")
+    p.add_argument("--ml100k-budget", type=float, default=150.0, help="seconds for each run")
+    p.add_argument("--parts", default="steps,ml100k")
+    p.add_argument("--amps", default="bf16,off", help="AMP modes of the ML-100K runs")
+    p.add_argument("--seeds", default="0", help="seeds of the ML-100K runs, e.g. 0,1,2")
+    p.add_argument("--cpu-dry-run", action="store_true",
+                   help="check the script itself on a machine without a GPU: small catalogs, "
+                        "2 steps, one epoch (its numbers mean nothing)")
+    args = p.parse_args(argv)
+    import torch
+
+    items, extra = ITEMS, []
+    if args.cpu_dry_run:
+        device, items, extra = torch.device("cpu"), ITEMS[:2], ["epochs=1"]
+        args.steps, args.warmup = 2, 1
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    else:
+        print("gpu check: no CUDA device here; run it on a machine with a GPU "
+              "(--cpu-dry-run checks the script)", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.work or args.out / "runs"
+    work.mkdir(parents=True, exist_ok=True)
+    results = Results(args.out / "gpu.json")
+    print(json.dumps(results.payload["gpu"]), flush=True)
+    parts = args.parts.split(",")
+    if "steps" in parts:
+        steps_part(args.data, results, args.steps_budget, args.steps, args.warmup, device, items)
+    if "ml100k" in parts:
+        for seed in map(int, args.seeds.split(",")):  # alternating modes, seed by seed
+            for amp in args.amps.split(","):
+                results.add("ml100k", ml100k_run(args.data, args.out, work, amp, seed,
+                                                 args.ml100k_budget, extra))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def render(p: dict) -> list[str]:
+    """The GPU section of benchmarks/RESULTS.md."""
+    g = p["gpu"]
+    out = [f"{g['gpu']} ({g['gpu_memory_gib']} GiB), torch {g['torch']} (CUDA {g['cuda']}), "
+           f"numpy {g['numpy']}, pyarrow {g['pyarrow']}: a current stack with no Spark, Petastorm "
+           "or Horovod installed (`scripts/gpu_check.sh`). " + p.get("note", ""), "",
+           "**Training step by catalog size** (real ML-100K batches of 64 rows, about 5,200 "
+           "targets; the vocabulary enlarged, one GPU; median of the timed steps):", "",
+           "| items | loss | AMP | s/step | targets/s | peak GPU GiB |",
+           "| ---: | --- | --- | ---: | ---: | ---: |"]
+    for r in p["steps"]:
+        if "error" in r:
+            out.append(f"| {r['items']:,} | {r['loss']} | {r['amp']} | {r['error']} | | |")
+        else:
+            out.append(f"| {r['items']:,} | {r['loss']} | {r['amp']} | {r['s_per_step']:.4f} | "
+                       f"{r['targets_per_s']:,} | {r['peak_gib']:.2f} |")
+    out += ["", "**ML-100K, the default config on one GPU** (`torchrun --nproc-per-node 1`, "
+            "strict ties, effective batch 64, test split; seconds include torchrun's start):", "",
+            "| AMP | seed | full NDCG@10 | full HR@10 | sampled NDCG@10 | epochs | train s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in sorted(p["ml100k"], key=lambda r: (r["amp"], r["seed"])):
+        if "error" in r:
+            out.append(f"| {r['amp']} | {r['seed']} | {r['error']} | | | | |")
+            continue
+        m = r["model"]
+        epochs = next((line.split()[4].rstrip(":") for line in r["log"]
+                       if line.startswith("early stop")), "100")
+        out.append(f"| {r['amp']} | {r['seed']} | {m['full.ndcg@10']:.4f} | "
+                   f"{m['full.hr@10']:.4f} | {m['sampled.ndcg@10']:.4f} | {epochs} | "
+                   f"{r['train_s']:.0f} |")
+    return out + [""]
