@@ -78,6 +78,19 @@ FIELDS = (
     ("client_items", np.int32, (None,)),
 )
 SCALAR_TYPES = {name: dtype for name, dtype, shape in FIELDS if shape == ()}
+# The columns in the order the files store them: Petastorm's Unischema sorts its fields by name,
+# and datasets written before Petastorm became optional have that order; so do all since.
+STORED_FIELDS = tuple(sorted(FIELDS, key=lambda field: field[0]))
+
+
+def spark_types() -> list[tuple[str, object]]:
+    """(column, Spark SQL type) in stored order: strings, 32-bit ints, and binary for the arrays
+    (what Petastorm's codecs declare for these fields). Imports pyspark."""
+    from pyspark.sql.types import BinaryType, IntegerType, StringType
+
+    scalar = {np.str_: StringType(), np.int32: IntegerType()}
+    return [(name, scalar[dtype] if shape == () else BinaryType())
+            for name, dtype, shape in STORED_FIELDS]
 
 
 def make_schema():

@@ -110,14 +110,14 @@ def _no_examples(name: str, counts: dict) -> ValueError:
 
 
 def _write_splits(config, examples, stats: dict, stage: Path, counts: dict) -> tuple[dict, dict]:
-    names = list(sequences.unischema().fields)
+    names = list(sequences.COLUMNS)
     splits, skipped = {}, {}
     for name in OUTPUT_SPLITS:
         rows = stats[name]["rows"] if name in stats else 0
         if rows == 0:
             raise _no_examples(name, counts)
         data = examples.filter(F.col("split") == name).select(*names)
-        groups = write.write_petastorm(data, stage / name, rows, config.row_groups)
+        groups = write.write_dataset(data, stage / name, rows, config.row_groups)
         splits[name] = {
             "rows": rows,
             "targets": int(stats[name]["targets"]),

@@ -2,11 +2,12 @@
 
 `examples_of_client` is plain numpy on one client's events (unit-testable without Spark);
 `build_examples` hashes clients into buckets and runs it on every client of a bucket in one
-applyInPandas call, emitting rows already encoded as petastorm's codecs encode them (what
-dict_to_spark_row produces), plus two bookkeeping columns: `split` and `n_targets`. A client
-whose eval target has no earlier event gets a marker row (split "validation_skipped" or
-"test_skipped", no data) so the job can count it. Every client also gets one "serving" row: its
-latest events whatever their role, no targets (what batch scoring starts from).
+applyInPandas call, emitting rows already encoded as Petastorm's codecs encode them (what its
+dict_to_spark_row produces; Petastorm itself is not needed), plus two bookkeeping columns:
+`split` and `n_targets`. A client whose eval target has no earlier event gets a marker row (split
+"validation_skipped" or "test_skipped", no data) so the job can count it. Every client also gets
+one "serving" row: its latest events whatever their role, no targets (what batch scoring starts
+from).
 """
 
 from __future__ import annotations
@@ -15,25 +16,17 @@ import io
 
 import numpy as np
 import pandas as pd
-from petastorm.codecs import NdarrayCodec
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from hvd_ctsm.schema import EVENT_TYPE_INDEX, SERVING_SPLIT, log_hours, make_schema
+from hvd_ctsm.schema import EVENT_TYPE_INDEX, SERVING_SPLIT, STORED_FIELDS, log_hours, spark_types
 
 HISTORY = ("item", "event_type", "value", "timestamp", "log_gap", "client_attrs")
 EMPTY = np.zeros(0, np.int32)
 NO_TARGETS = np.zeros(0, np.intp)
 ROLES = {"train": 1, "validation": 2, "test": 3}  # role codes inside the UDF (0 = input only)
-_SCHEMA = None
-
-
-def unischema():
-    global _SCHEMA  # built once per Python worker: make_schema imports petastorm
-    if _SCHEMA is None:
-        _SCHEMA = make_schema()
-    return _SCHEMA
+COLUMNS = [name for name, *_ in STORED_FIELDS]  # the dataset's columns, in stored order
 
 
 def add_labels(events: DataFrame, label_min_rating: float) -> DataFrame:
@@ -168,9 +161,7 @@ def client_examples(
 
 def output_schema() -> T.StructType:
     fields = [T.StructField("split", T.StringType()), T.StructField("n_targets", T.IntegerType())]
-    fields += [
-        T.StructField(f.name, f.dataType, True) for f in unischema().as_spark_schema().fields
-    ]
+    fields += [T.StructField(name, data_type, True) for name, data_type in spark_types()]
     return T.StructType(fields)
 
 
@@ -192,30 +183,35 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return header + array.tobytes()
 
 
-def encode_row(row: dict, fields: list) -> list:
-    """Field values in schema order, arrays encoded; dtypes and ranks checked like the codec."""
+def encode_row(row: dict) -> list:
+    """Field values in stored order, encoded as Petastorm's codecs encode them: arrays as np.save
+    bytes (dtype and rank checked), strings as str, ints as int."""
     values = []
-    for field in fields:
-        value = row[field.name]
-        if isinstance(field.codec, NdarrayCodec):
-            if value.dtype != field.numpy_dtype or value.ndim != len(field.shape):
-                raise ValueError(f"{field.name}: {value.dtype}{value.shape} does not fit {field}")
+    for name, dtype, shape in STORED_FIELDS:
+        value = row[name]
+        if shape:
+            if value.dtype != dtype or value.ndim != len(shape):
+                raise ValueError(f"{name}: {value.dtype}{value.shape} does not fit the schema's "
+                                 f"{np.dtype(dtype)} with {len(shape)} dimension(s)")
             value = npy_bytes(value)
+        elif dtype is np.str_:
+            if not isinstance(value, str):
+                raise ValueError(f"{name}: expected a string, got {type(value).__name__}")
         else:
-            value = field.codec.encode(field, value)
+            value = int(value)
         values.append(value)
     return values
 
 
 def encode_examples(examples: list[tuple[str, dict | None]]) -> pd.DataFrame:
-    fields = list(unischema().fields.values())
+    fields = COLUMNS
     records = []
     for split, row in examples:
         if row is None:
             records.append([split, 0] + [None] * len(fields))
         else:
-            records.append([split, len(row["target_item"])] + encode_row(row, fields))
-    return pd.DataFrame(records, columns=["split", "n_targets"] + [f.name for f in fields])
+            records.append([split, len(row["target_item"])] + encode_row(row))
+    return pd.DataFrame(records, columns=["split", "n_targets"] + fields)
 
 
 def build_examples(

@@ -56,7 +56,7 @@ def _probe(_):
     import sys as executor_sys
 
     missing = []
-    for name in ("pandas", "pyarrow", "petastorm", "hvd_ctsm", "spark_jobs"):
+    for name in ("pandas", "pyarrow", "hvd_ctsm", "spark_jobs"):  # Petastorm is optional
         try:
             importlib.import_module(name)
         except ImportError as exc:

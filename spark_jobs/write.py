@@ -1,6 +1,12 @@
-"""Writing: Petastorm datasets with enough row groups, JSON files and the output folder, atomically.
+"""Writing: datasets with enough row groups, JSON files and the output folder, atomically.
 
-Petastorm shards by row group, so a split with fewer row groups than ranks leaves some ranks
+A dataset is Parquet in Petastorm's layout. Where Petastorm is installed it also writes its
+`_common_metadata` (its Unischema and row-group counts), so Petastorm's own tools read it; where
+it is not (current stacks: it does not run on pyarrow >= 15), the same files and an equivalent
+`_common_metadata` are written without it (hvd_ctsm.petastorm_metadata). HVD_CTSM_WRITER=parquet
+skips Petastorm anyway. Our reader (hvd_ctsm.arrow_reader) needs only the files.
+
+The readers shard by row group, so a split with fewer row groups than ranks leaves some ranks
 without rows (and Horovod ranks that disagree on their step counts hang). Each split is therefore
 repartitioned into at least `row_groups` non-empty files (one row group or more each).
 """
@@ -8,6 +14,8 @@ repartitioned into at least `row_groups` non-empty files (one row group or more 
 from __future__ import annotations
 
 import json
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -28,8 +36,19 @@ def count_row_groups(path: str | Path) -> int:
     return sum(pq.ParquetFile(f).num_row_groups for f in sorted(Path(path).glob("*.parquet")))
 
 
-def write_petastorm(df: DataFrame, path: Path, n_rows: int, row_groups: int) -> int:
-    """Write `df` (Unischema columns, already encoded) as a Petastorm dataset; return row groups.
+def petastorm_writes() -> bool:
+    """Whether Petastorm writes its metadata beside the files (installed, and not turned off)."""
+    if os.environ.get("HVD_CTSM_WRITER", "auto") == "parquet":
+        return False
+    try:
+        import petastorm.etl.dataset_metadata  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_dataset(df: DataFrame, path: Path, n_rows: int, row_groups: int) -> int:
+    """Write `df` (the schema's columns, already encoded) as a dataset; return row groups.
 
     Deterministic: rows are sorted (ROW_ORDER), numbered, and file f gets the rows numbered
     [f * n / files, (f + 1) * n / files), sorted again inside the file; files are then renamed
@@ -37,19 +56,55 @@ def write_petastorm(df: DataFrame, path: Path, n_rows: int, row_groups: int) -> 
     same order (round-robin repartitioning dealt rows differently on every run). With fewer
     rows than `row_groups` the split gets one row per file (all that is possible).
     """
-    from petastorm.etl.dataset_metadata import materialize_dataset
-
-    from spark_jobs.sequences import unischema
-
     files = max(1, min(row_groups, n_rows))
     url = path.resolve().as_uri()
-    with materialize_dataset(df.sparkSession, url, unischema(), ROW_GROUP_SIZE_MB):
+    with _metadata_writer(df.sparkSession, url):
         _placed(df, files, n_rows).write.mode("overwrite").parquet(url)
         _stable_names(path)
+    if not petastorm_writes():  # the metadata Petastorm's readers need, by our own code
+        from hvd_ctsm.petastorm_metadata import write_common_metadata
+
+        write_common_metadata(path)
     groups = count_row_groups(path)
     if groups < files:  # would leave Horovod ranks without rows: never publish that
         raise RuntimeError(f"{path.name}: wrote {groups} row groups, expected at least {files}")
     return groups
+
+
+# What Petastorm's materialize_dataset sets on Hadoop's configuration for the write (row groups of
+# ROW_GROUP_SIZE_MB, checked from the 3rd row; no summary files): the files are the same with it
+# or without it.
+PARQUET_SETTINGS = {"parquet.summary.metadata.level": "NONE",
+                    "parquet.summary.metadata.propagate-errors": "true",
+                    "parquet.block.size.row.check.min": "3",
+                    "parquet.row-group.size.row.check.min": "3",
+                    "parquet.block.size": str(ROW_GROUP_SIZE_MB * 1024 * 1024)}
+
+
+@contextmanager
+def _metadata_writer(spark, url: str):
+    """Petastorm's materialize_dataset where it writes, else the same Hadoop settings, restored
+    after."""
+    if petastorm_writes():
+        from petastorm.etl.dataset_metadata import materialize_dataset
+
+        from hvd_ctsm.schema import make_schema
+
+        with materialize_dataset(spark, url, make_schema(), ROW_GROUP_SIZE_MB):
+            yield
+        return
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    before = {key: hadoop.get(key) for key in PARQUET_SETTINGS}
+    for key, value in PARQUET_SETTINGS.items():
+        hadoop.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                hadoop.unset(key)
+            else:
+                hadoop.set(key, value)
 
 
 def _placed(df: DataFrame, files: int, n_rows: int) -> DataFrame:

@@ -115,7 +115,7 @@ def test_client_with_no_earlier_event_is_skipped():
 
 
 def test_serving_row_holds_the_latest_events_of_every_role_and_no_targets():
-    from spark_jobs.sequences import encode_row, unischema
+    from spark_jobs.sequences import COLUMNS, encode_row
 
     ts = [0, 10, 20, 30, 40, 50]
     items = [5, 6, 5, 7, 8, 9]
@@ -131,8 +131,7 @@ def test_serving_row_holds_the_latest_events_of_every_role_and_no_targets():
     for name in ("target_pos", "target_item", "target_label", "target_time", "target_log_dt"):
         assert len(row[name]) == 0
     assert list(row["client_items"]) == list(row["prior_items"]) == [5, 6, 7, 8, 9]
-    fields = list(unischema().fields.values())
-    assert len(encode_row(row, fields)) == len(fields)  # dtypes and ranks fit the schema
+    assert len(encode_row(row)) == len(COLUMNS)  # dtypes and ranks fit the schema
 
 
 def test_collate_takes_targets_only_from_rows_that_have_them():
@@ -200,7 +199,8 @@ def test_config_validation_and_time_parsing():
 def test_fast_encoding_matches_petastorm_codecs():
     from petastorm.unischema import dict_to_spark_row
 
-    from spark_jobs.sequences import encode_row, npy_bytes, unischema
+    from hvd_ctsm.schema import make_schema
+    from spark_jobs.sequences import encode_row, npy_bytes
 
     for array in (
         np.arange(5, dtype=np.int32),
@@ -215,12 +215,25 @@ def test_fast_encoding_matches_petastorm_codecs():
         assert npy_bytes(array) == buffer.getvalue()
     ts = [0, 10, 20, 30]
     rows = client_examples("c9", client_frame(ts, ["train", "train", "validation", "test"]), 200)
-    schema = unischema()
+    schema = make_schema()
     for _, row in rows:
         expected = [
             bytes(v) if isinstance(v, bytearray) else v for v in dict_to_spark_row(schema, row)
         ]
-        assert encode_row(row, list(schema.fields.values())) == expected
+        assert encode_row(row) == expected
     bad = dict(rows[0][1], item=rows[0][1]["item"].astype(np.int64))
     with pytest.raises(ValueError, match="item"):
-        encode_row(bad, list(schema.fields.values()))
+        encode_row(bad)
+
+
+def test_the_field_table_is_petastorms_unischema():
+    """schema.FIELDS (what the Petastorm-free writer and reader use) declares what the Unischema
+    does: the same columns in the same stored order, the same Spark types, dtypes and shapes."""
+    from hvd_ctsm.schema import FIELDS, STORED_FIELDS, make_schema, spark_types
+
+    unischema = make_schema()
+    assert [name for name, *_ in STORED_FIELDS] == list(unischema.fields)
+    assert [(f.name, f.dataType) for f in unischema.as_spark_schema().fields] == spark_types()
+    for name, dtype, shape in FIELDS:
+        field = unischema.fields[name]
+        assert (field.numpy_dtype, field.shape) == (dtype, shape), name

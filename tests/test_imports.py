@@ -140,7 +140,7 @@ def test_lower_layers_never_import_upward():
 LAYERS = [
     {"hvd_ctsm", "schema", "atomic", "config", "config_types", "model_config", "storage",
      "dataset_meta", "errors", "outputs", "npy_codec", "metrics", "faults", "model", "heads",
-     "catalog", "arrow_reader",
+     "catalog", "arrow_reader", "petastorm_metadata",
      "weight_average", "distributed",
      "spark_session", "cpu_memory"},
     {"data", "checkpoint", "run_folder", "evaluate", "topk", "tracking", "serving", "backtest"},
