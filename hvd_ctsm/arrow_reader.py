@@ -95,6 +95,19 @@ def _decoder(name: str):
     return decode_npy if scalar is None else scalar
 
 
+def row_decoder(fields: list[str]):
+    """A function from {column: stored value} to the decoded row, for rows that something else
+    read (Spark's batch scoring reads the split as a DataFrame)."""
+    row_type = namedtuple("Row", fields)
+    decoders = [_decoder(name) for name in fields]
+
+    def decode(record) -> tuple:
+        return row_type(*(decode(record[name])
+                          for name, decode in zip(fields, decoders, strict=True)))
+
+    return decode
+
+
 def _rows(url: str, groups: list[RowGroup], fields: list[str]) -> Iterator:
     import pyarrow.parquet as pq
 
