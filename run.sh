@@ -27,7 +27,8 @@ usage: ./run.sh STEP [args...]
   setup      install the pinned stack into .venv (idempotent; Horovod wheel cached)
   doctor     check the stack: versions, Horovod build, a real 2-rank allreduce, Spark, Petastorm
   demo       the whole chain on synthetic data, on CPU: features -> train (NP ranks) -> backtest -> gate -> deploy -> score
-  test       the test suite (what CI runs); --fast: the unit tier only (about a minute)
+  test       the test suite (what CI runs): the unit tier, then the rest; --fast: the unit
+             tier only (about a minute); other arguments go to pytest
   lint       ruff, isort and hadolint (the Dockerfiles)
   features   the Spark feature job         (hvd-ctsm features ...)
   train      the trainer on NP ranks   (NP=2 ./run.sh train --data DIR ...): torchrun (DDP,
@@ -157,8 +158,16 @@ run_tests() {
     ensure_setup
     # Each Horovod rank and Spark would otherwise start one thread per core and fight.
     # TEST_WORKERS pytest processes (pytest-xdist), each running whole test files; 0 runs the
-    # suite in this process.
-    OMP_NUM_THREADS=1 py -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile "$@"
+    # suite in this process. With no arguments: the unit tier first (about a minute; a failure
+    # there stops before the slow tiers start), then every other tier.
+    local pytest=(env OMP_NUM_THREADS=1 "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-2}"
+        --dist loadfile)
+    if [[ $# -gt 0 ]]; then
+        "${pytest[@]}" "$@"
+        return
+    fi
+    echo "[run.sh] test: the unit tier first, then the component and entry-point tiers"
+    "${pytest[@]}" --fast && "${pytest[@]}" --heavy
 }
 
 main() {

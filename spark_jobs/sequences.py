@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from hvd_ctsm.schema import EVENT_TYPE_INDEX, SERVING_SPLIT, STORED_FIELDS, log_hours, spark_types
+from spark_jobs.pandas_frames import object_strings
 
 HISTORY = ("item", "event_type", "value", "timestamp", "log_gap", "client_attrs")
 EMPTY = np.zeros(0, np.int32)
@@ -237,6 +238,6 @@ def build_examples(
     )
 
     def per_bucket(pdf):
-        return encode_examples(bucket_examples(pdf, n_attrs, max_len, ties))
+        return object_strings(encode_examples(bucket_examples(pdf, n_attrs, max_len, ties)))
 
     return data.groupBy("bucket").applyInPandas(per_bucket, output_schema())

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 from hvd_ctsm import storage
 from spark_jobs.attributes import wide_to_long
+from spark_jobs.pandas_frames import object_strings
 from spark_jobs.parquet_types import check_same_types
 from spark_jobs.synthetic import SyntheticParams, synthetic_source
 from spark_jobs.validate import SchemaError, check_columns
@@ -102,7 +103,7 @@ def movielens(spark, folder: str) -> Source:
         value_name="value",
     )
     client_attrs = spark.createDataFrame(
-        long.assign(timestamp=None)[["client_id", "timestamp", "name", "value"]],
+        object_strings(long.assign(timestamp=None)[["client_id", "timestamp", "name", "value"]]),
         "client_id string, timestamp long, name string, value string",
     )
     items = pd.read_csv(
@@ -120,14 +121,14 @@ def movielens(spark, folder: str) -> Source:
     ]
     released = pd.to_datetime(items["release"], format="%d-%b-%Y", errors="coerce").dt.year
     item_attrs = spark.createDataFrame(
-        pd.DataFrame(
+        object_strings(pd.DataFrame(
             {
                 "item_id": items["item_id"],
                 "category": [g.split("|")[0] for g in genres],
                 "genres": genres,
                 "year": [None if pd.isna(y) else int(y) for y in released],
             }
-        ),
+        )),
         "item_id string, category string, genres string, year int",
     )
     return Source(events, client_attrs, item_attrs)

@@ -274,18 +274,20 @@ def synthetic_source(spark, params: SyntheticParams):
     """(events, client attributes, item attributes) DataFrames of the synthetic source."""
     from pyspark.sql import functions as F  # here, so that the generator itself needs no Spark
 
+    from spark_jobs.pandas_frames import object_strings
+
     catalog = item_catalog(params)
     parts = spark.range(0, params.n_parts, 1, params.n_parts)
 
     def events(batches):
         for batch in batches:
             for part in batch["id"]:
-                yield generate_events_part(params, int(part), catalog)
+                yield object_strings(generate_events_part(params, int(part), catalog))
 
     def attrs(batches):
         for batch in batches:
             for part in batch["id"]:
-                yield generate_attrs_part(params, int(part))
+                yield object_strings(generate_attrs_part(params, int(part)))
 
     item_attrs = pd.DataFrame(
         {
@@ -300,5 +302,6 @@ def synthetic_source(spark, params: SyntheticParams):
     return (
         parts.mapInPandas(events, EVENTS_SCHEMA),
         parts.mapInPandas(attrs, ATTRS_SCHEMA),
-        spark.createDataFrame(item_attrs).withColumn("year", F.lit(None).cast("int")),  # no years
+        spark.createDataFrame(object_strings(item_attrs))
+        .withColumn("year", F.lit(None).cast("int")),  # no years
     )

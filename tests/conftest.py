@@ -24,6 +24,8 @@ HEAVY_FIXTURES = {"spark", "tiny_features", "ml100k"}
 def pytest_addoption(parser):
     parser.addoption("--fast", action="store_true",
                      help="run the unit tier only (no Spark, Horovod or slow tests)")
+    parser.addoption("--heavy", action="store_true",
+                     help="run every tier but the unit tier (what ./run.sh test runs second)")
 
 
 def is_unit(item) -> bool:
@@ -35,10 +37,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if is_unit(item):
             item.add_marker(pytest.mark.unit)
-    if config.getoption("--fast"):
-        skipped = [item for item in items if not is_unit(item)]
-        items[:] = [item for item in items if is_unit(item)]
-        config.hook.pytest_deselected(items=skipped)
+    for option, keep in (("--fast", is_unit), ("--heavy", lambda item: not is_unit(item))):
+        if config.getoption(option):
+            skipped = [item for item in items if not keep(item)]
+            items[:] = [item for item in items if keep(item)]
+            config.hook.pytest_deselected(items=skipped)
 
 
 def ml100k_dir() -> Path:

@@ -197,6 +197,7 @@ def test_config_validation_and_time_parsing():
 
 
 def test_fast_encoding_matches_petastorm_codecs():
+    pytest.importorskip("petastorm", reason="compares with Petastorm's codecs (classic stack)")
     from petastorm.unischema import dict_to_spark_row
 
     from hvd_ctsm.schema import make_schema
@@ -229,6 +230,7 @@ def test_fast_encoding_matches_petastorm_codecs():
 def test_the_field_table_is_petastorms_unischema():
     """schema.FIELDS (what the Petastorm-free writer and reader use) declares what the Unischema
     does: the same columns in the same stored order, the same Spark types, dtypes and shapes."""
+    pytest.importorskip("petastorm", reason="compares with Petastorm's Unischema (classic stack)")
     from hvd_ctsm.schema import FIELDS, STORED_FIELDS, make_schema, spark_types
 
     unischema = make_schema()
@@ -237,3 +239,19 @@ def test_the_field_table_is_petastorms_unischema():
     for name, dtype, shape in FIELDS:
         field = unischema.fields[name]
         assert (field.numpy_dtype, field.shape) == (dtype, shape), name
+
+
+def test_text_columns_reach_spark_as_python_objects():
+    """pandas 3 makes text pyarrow-backed strings, which PySpark 4.3 cannot take from a pandas
+    UDF; object_strings turns them (and only them) into object columns."""
+    import pandas as pd
+
+    from spark_jobs.pandas_frames import object_strings
+
+    frame = pd.DataFrame({"id": pd.Series(["a", "b"], dtype="string[pyarrow]"),
+                          "n": [1, 2], "kept": pd.Series(["x", "y"], dtype=object)})
+    out = object_strings(frame)
+    assert out["id"].dtype == object and list(out["id"]) == ["a", "b"]
+    assert out["n"].dtype == frame["n"].dtype and out["kept"].dtype == object
+    plain = frame.drop(columns="id")
+    assert object_strings(plain) is plain
