@@ -16,6 +16,7 @@ skips exactly the batches it already trained on.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 import queue
@@ -105,6 +106,9 @@ def reader_name() -> str:
     name = os.environ.get("HVD_CTSM_READER", "arrow")
     if name not in ("arrow", "petastorm"):
         raise DatasetError(f"HVD_CTSM_READER={name!r}: use arrow (the default) or petastorm")
+    if name == "petastorm" and importlib.util.find_spec("petastorm") is None:
+        raise DatasetError("HVD_CTSM_READER=petastorm, but Petastorm is not installed: unset it "
+                           "(the default reader needs none) or pip install 'hvd_ctsm[petastorm]'")
     return name
 
 

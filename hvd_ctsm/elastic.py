@@ -22,47 +22,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import faults
+from hvd_ctsm.arrow_reader import RowGroup, row_decoder, row_groups  # noqa: F401  (re-exported)
 from hvd_ctsm.data import DatasetError, collate
 
 log = logging.getLogger("hvd_ctsm.elastic")
-
-
-@dataclass(frozen=True)
-class RowGroup:
-    path: str
-    index: int  # row group within the file
-    rows: int
-
-
-def row_groups(url: str) -> list[RowGroup]:
-    """The split's row groups in Petastorm's order (the same order data.py plans with)."""
-    import warnings
-
-    import pyarrow.parquet as pq
-    from petastorm.etl.dataset_metadata import load_row_groups
-    from petastorm.fs_utils import FilesystemResolver
-
-    resolver = FilesystemResolver(url)
-    fs = resolver.filesystem()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        dataset = pq.ParquetDataset(resolver.get_dataset_path(), filesystem=fs,
-                                    validate_schema=False)
-        pieces = load_row_groups(dataset)
-    groups = []
-    for piece in pieces:
-        with fs.open(piece.path, "rb") as f:
-            rows = pq.ParquetFile(f).metadata.row_group(piece.row_group).num_rows
-        groups.append(RowGroup(piece.path, piece.row_group, rows))
-    return groups
 
 
 class GlobalOrder:
@@ -97,28 +66,21 @@ class GlobalOrder:
 
 
 class RowGroupCache:
-    """Decoded rows of a few row groups, read straight from Parquet and Petastorm's codecs."""
+    """Decoded rows of a few row groups, read straight from Parquet (hvd_ctsm.arrow_reader's
+    decoding: the rows the other readers give)."""
 
     def __init__(self, url: str, keep: int = 4):
         self.url, self.keep = url, keep
         self._rows: dict[int, list] = {}
 
-    @cached_property
-    def _schema(self):
-        from petastorm.etl.dataset_metadata import get_schema_from_dataset_url
-
-        return get_schema_from_dataset_url(self.url)
-
     def rows(self, groups: list[RowGroup], g: int) -> list:
         if g not in self._rows:
             import pyarrow.parquet as pq
-            from petastorm.utils import decode_row
 
             group = groups[g]
             table = pq.ParquetFile(group.path).read_row_group(group.index)
-            schema = self._schema
-            make = schema._get_namedtuple()  # the row type Petastorm's reader yields
-            self._rows[g] = [make(**decode_row(r, schema)) for r in table.to_pylist()]
+            decode = row_decoder(table.column_names)
+            self._rows[g] = [decode(record) for record in table.to_pylist()]
             while len(self._rows) > self.keep:
                 self._rows.pop(next(iter(self._rows)))
         return self._rows[g]
