@@ -78,9 +78,9 @@ FIELDS = (
     ("client_items", np.int32, (None,)),
 )
 SCALAR_TYPES = {name: dtype for name, dtype, shape in FIELDS if shape == ()}
-# The columns in the order the files store them: Petastorm's Unischema sorts its fields by name,
-# and datasets written before Petastorm became optional have that order; so do all since.
-STORED_FIELDS = tuple(sorted(FIELDS, key=lambda field: field[0]))
+# The columns in the order the files store them: the table's own order, which Petastorm's
+# Unischema keeps (its as_spark_schema and dict_to_spark_row follow it).
+STORED_FIELDS = FIELDS
 
 
 def spark_types() -> list[tuple[str, object]]:
