@@ -9,13 +9,21 @@
 # WORK (where demo and pipeline-spark write, default runs/demo), DATA (their events
 # source), EPOCHS (their epochs, default 6), GATE (their deploy gate), ROW_GROUPS (the demo's
 # row groups per split, default 64; a small DATA needs fewer), TEST_WORKERS (test's pytest
-# processes, default 2; 0 runs the suite in one process).
+# processes, default 2; 0 runs the suite in one process), HVD_CTSM_STACK=classic|current (which
+# stack setup installs and every step uses: classic, the default, is constraints.txt in .venv;
+# current is constraints-current.txt in .venv-current, torch backend only).
 # Extra arguments are passed on to the step's program.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$REPO"
-export VENV=${VENV:-$REPO/.venv}
+export HVD_CTSM_STACK=${HVD_CTSM_STACK:-classic}
+case $HVD_CTSM_STACK in
+    classic) export VENV=${VENV:-$REPO/.venv} ;;
+    current) export VENV=${VENV:-$REPO/.venv-current} HVD_CTSM_CONSTRAINTS=$REPO/constraints-current.txt \
+        HVD_CTSM_BACKENDS=${HVD_CTSM_BACKENDS:-torch} ;;
+    *) echo "HVD_CTSM_STACK=$HVD_CTSM_STACK: expected classic or current" >&2; exit 2 ;;
+esac
 NP=${NP:-2}
 WORK=${WORK:-$REPO/runs/demo}
 STAMP=$VENV/.hvd_ctsm-setup-stamp
@@ -47,6 +55,7 @@ EOF
 # A fingerprint of everything that decides what setup installs: rerun setup when it changes.
 setup_fingerprint() {
     cat constraints.txt setup.cfg scripts/install_stack.sh | sha256sum | cut -d' ' -f1
+    if [[ $HVD_CTSM_STACK == current ]]; then sha256sum <constraints-current.txt | cut -d' ' -f1; fi
 }
 
 setup() {

@@ -12,6 +12,9 @@
 #   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod's NCCL path (GPU machines; cached separately)
 #   HVD_CTSM_BACKENDS=torch       the torch backend only (torchrun + DDP): no MPI packages and no
 #                      Horovod build (the slow step); default horovod,torch installs both
+#   HVD_CTSM_STACK=current        the current stack instead (constraints-current.txt: PySpark 4,
+#                      pyarrow >= 15, numpy 2, pandas 3; no Horovod or Petastorm, so the torch
+#                      backend only); default classic (constraints.txt)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,6 +24,17 @@ PYTHON=${PYTHON:-python3.11}
 CONSTRAINTS=$REPO/constraints.txt
 APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make openjdk-17-jre-headless procps)
 BACKENDS=${HVD_CTSM_BACKENDS:-horovod,torch}
+case ${HVD_CTSM_STACK:-classic} in
+    classic) ;;
+    current)
+        CONSTRAINTS=$REPO/constraints-current.txt
+        if [[ ${HVD_CTSM_BACKENDS:-torch} != torch ]]; then
+            echo "[setup] HVD_CTSM_STACK=current has no Horovod: leave HVD_CTSM_BACKENDS unset" >&2
+            exit 2
+        fi
+        BACKENDS=torch ;;
+    *) echo "[setup] HVD_CTSM_STACK=$HVD_CTSM_STACK: expected 'classic' or 'current'" >&2; exit 2 ;;
+esac
 case $BACKENDS in
     horovod,torch | torch,horovod) ;;
     torch) APT_PACKAGES=(openjdk-17-jre-headless procps) ;;  # MPI and compilers are Horovod's
@@ -79,7 +93,7 @@ create_venv() {
 pip_install() { "$VENV/bin/python" -m pip install -q --no-compile -c "$CONSTRAINTS" "$@"; }
 
 install_pinned_stack() {
-    step "pinned Python packages (constraints.txt)"
+    step "pinned Python packages (${CONSTRAINTS##*/})"
     # torch first and alone: with it present, nothing later can pull a CUDA build.
     pip_install "torch==$TORCH_VERSION" >"$CACHE/pip.log" 2>&1 ||
         fail "torch==$TORCH_VERSION did not install (log: $CACHE/pip.log)" \
@@ -93,8 +107,10 @@ install_pinned_stack() {
         fail "pip could not install the pins (log: $CACHE/pip.log)" \
             "read the log's last lines; a pin that no longer exists must be changed in constraints.txt"
     # --no-deps: petastorm's setuptools<70 clashes with torch's >=77 (see constraints.txt).
-    pip_install --no-deps "petastorm==$(pin petastorm)" >>"$CACHE/pip.log" 2>&1 ||
-        fail "petastorm did not install (log: $CACHE/pip.log)" "check the petastorm pin"
+    if [[ -n $(pin petastorm) ]]; then  # the current stack has none
+        pip_install --no-deps "petastorm==$(pin petastorm)" >>"$CACHE/pip.log" 2>&1 ||
+            fail "petastorm did not install (log: $CACHE/pip.log)" "check the petastorm pin"
+    fi
     done_step
 }
 
@@ -130,8 +146,12 @@ build_horovod_wheel() {
 }
 
 install_horovod() {
+    if [[ $BACKENDS == torch ]]; then
+        step "horovod"
+        done_step "(skipped: HVD_CTSM_BACKENDS=torch)"
+        return
+    fi
     step "horovod $HOROVOD_VERSION (C++17 build, cached wheel)"
-    if [[ $BACKENDS == torch ]]; then done_step "(skipped: HVD_CTSM_BACKENDS=torch)"; return; fi
     local dir note="(from cache)"
     dir=$(horovod_wheel_dir)
     local nccl_check=""  # a GPU build must really have NCCL, not just any installed Horovod
