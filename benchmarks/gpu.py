@@ -169,14 +169,14 @@ def ml100k_run(data: Path, out: Path, work: Path, amp: str, seed: int, timeout: 
     t0 = time.monotonic()
     with open(log, "w") as sink:
         for name, cmd in (("train", train), ("backtest", backtest)):
-            left = timeout - (time.monotonic() - t0)
+            started = time.monotonic()
             try:
                 code = subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env,
-                                      cwd=REPO, timeout=max(left, 1)).returncode
+                                      cwd=REPO, timeout=max(timeout - (started - t0), 1)
+                                      ).returncode
             except subprocess.TimeoutExpired:
                 return row | {"error": f"{name} ran past the part's {timeout:.0f} s"}
-            row[f"{name}_s"] = round(time.monotonic() - t0 - sum(
-                v for k, v in row.items() if k.endswith("_s")), 1)
+            row[f"{name}_s"] = round(time.monotonic() - started, 1)
             if code != 0:
                 return row | {"error": f"{name} exited {code} (see {log.name})"}
     metrics = json.loads(report.read_text())

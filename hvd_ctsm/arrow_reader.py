@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import random
 from collections import namedtuple
-from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
@@ -28,6 +27,8 @@ import numpy as np
 
 from hvd_ctsm.npy_codec import decode_npy
 from hvd_ctsm.schema import FIELDS, SCALAR_TYPES
+
+COLUMNS = [name for name, *_ in FIELDS]  # every column, in stored order
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,7 @@ def _decoder(name: str):
 
 
 def row_decoder(fields: list[str]):
-    """A function from {column: stored value} to the decoded row, for rows that something else
-    read (Spark's batch scoring reads the split as a DataFrame)."""
+    """A function from {column: stored value} to the decoded row, for rows Spark read."""
     row_type = namedtuple("Row", fields)
     decoders = [_decoder(name) for name in fields]
 
@@ -108,19 +108,30 @@ def row_decoder(fields: list[str]):
     return decode
 
 
-def _rows(url: str, groups: list[RowGroup], fields: list[str]) -> Iterator:
+def spark_rows(spark, url: str, fields: list[str] | None = None):
+    """The split at `url` as an RDD of decoded rows (all columns, or only `fields`), read by
+    Spark's executors: what batch scoring and the TorchEstimator route start from."""
+    fields = list(fields or COLUMNS)
+
+    def decoded(records):
+        decode = row_decoder(fields)
+        return (decode(record.asDict()) for record in records)
+
+    return spark.read.parquet(url).select(*fields).rdd.mapPartitions(decoded)
+
+
+def read_row_group(url: str, group: RowGroup, fields: list[str] | None = None) -> list:
+    """One row group's rows, decoded (all columns, or only `fields`)."""
     import pyarrow.parquet as pq
 
+    fields = list(fields or COLUMNS)
     fs, _ = _location(url)
+    with _open(fs, group.path) as f:
+        table = pq.ParquetFile(f).read_row_group(group.index, columns=fields)
     row_type = namedtuple("Row", fields)
-    decoders = [_decoder(name) for name in fields]
-    for group in groups:
-        with _open(fs, group.path) as f:
-            table = pq.ParquetFile(f).read_row_group(group.index, columns=fields)
-        columns = [[decode(v) for v in table.column(name).to_pylist()]
-                   for name, decode in zip(fields, decoders, strict=True)]
-        for values in zip(*columns, strict=True):
-            yield row_type(*values)
+    columns = [[decode(v) for v in table.column(name).to_pylist()]  # column by column: faster
+               for name, decode in zip(fields, map(_decoder, fields), strict=True)]
+    return [row_type(*values) for values in zip(*columns, strict=True)]
 
 
 @contextmanager
@@ -130,4 +141,4 @@ def open_arrow_reader(url: str, rank: int, size: int, seed: int | None, shuffle:
     row group in the calling thread: the same signature and rows as data.open_reader."""
     groups = row_groups(url)
     order = shard_order(len(groups), rank, size, seed, shuffle)
-    yield _rows(url, [groups[i] for i in order], list(fields or [name for name, *_ in FIELDS]))
+    yield (row for i in order for row in read_row_group(url, groups[i], fields))

@@ -28,7 +28,7 @@ import numpy as np
 
 from hvd_ctsm import distributed as dist
 from hvd_ctsm import faults
-from hvd_ctsm.arrow_reader import RowGroup, row_decoder, row_groups  # noqa: F401  (re-exported)
+from hvd_ctsm.arrow_reader import RowGroup, read_row_group, row_groups  # noqa: F401  (re-exported)
 from hvd_ctsm.data import DatasetError, collate
 
 log = logging.getLogger("hvd_ctsm.elastic")
@@ -66,8 +66,8 @@ class GlobalOrder:
 
 
 class RowGroupCache:
-    """Decoded rows of a few row groups, read straight from Parquet (hvd_ctsm.arrow_reader's
-    decoding: the rows the other readers give)."""
+    """Decoded rows of a few row groups (hvd_ctsm.arrow_reader: the rows the other readers
+    give)."""
 
     def __init__(self, url: str, keep: int = 4):
         self.url, self.keep = url, keep
@@ -75,12 +75,7 @@ class RowGroupCache:
 
     def rows(self, groups: list[RowGroup], g: int) -> list:
         if g not in self._rows:
-            import pyarrow.parquet as pq
-
-            group = groups[g]
-            table = pq.ParquetFile(group.path).read_row_group(group.index)
-            decode = row_decoder(table.column_names)
-            self._rows[g] = [decode(record) for record in table.to_pylist()]
+            self._rows[g] = read_row_group(self.url, groups[g])
             while len(self._rows) > self.keep:
                 self._rows.pop(next(iter(self._rows)))
         return self._rows[g]

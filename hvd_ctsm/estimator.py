@@ -81,17 +81,12 @@ def sequence_frame(spark, data: str, split: str, max_len: int):
     """(client_id, history, history_type, history_value, history_gap, history_attrs, item,
     label) rows, one per target of a feature-job split; the history columns: the events up to
     the target's position (the last max_len; none after it), right-padded with 0 to max_len."""
-    from hvd_ctsm.arrow_reader import row_decoder
+    from hvd_ctsm.arrow_reader import spark_rows
     from hvd_ctsm.data import split_url
 
     fields = ["client_id", *[field for _, field, _ in HISTORY], "client_attrs", "target_pos",
               "target_item", "target_label"]
-
-    def decoded(records):  # the split's rows as our readers give them: no Petastorm
-        decode = row_decoder(fields)
-        return (decode(record.asDict()) for record in records)
-
-    rdd = spark.read.parquet(split_url(data, split)).select(*fields).rdd.mapPartitions(decoded)
+    rdd = spark_rows(spark, split_url(data, split), fields)
     columns = ", ".join(f"{column} array<{kind.__name__}>" for column, _, kind in HISTORY)
     return spark.createDataFrame(rdd.flatMap(lambda example: frame_rows(example, max_len)),
                                  f"client_id string, {columns}, {ATTRS} array<int>, item int, "

@@ -78,19 +78,15 @@ FIELDS = (
     ("client_items", np.int32, (None,)),
 )
 SCALAR_TYPES = {name: dtype for name, dtype, shape in FIELDS if shape == ()}
-# The columns in the order the files store them: the table's own order, which Petastorm's
-# Unischema keeps (its as_spark_schema and dict_to_spark_row follow it).
-STORED_FIELDS = FIELDS
-
-
 def spark_types() -> list[tuple[str, object]]:
-    """(column, Spark SQL type) in stored order: strings, 32-bit ints, and binary for the arrays
+    """(column, Spark SQL type) in FIELDS's order (which Petastorm's Unischema keeps, and the files
+    store): strings, 32-bit ints, and binary for the arrays
     (what Petastorm's codecs declare for these fields). Imports pyspark."""
     from pyspark.sql.types import BinaryType, IntegerType, StringType
 
     scalar = {np.str_: StringType(), np.int32: IntegerType()}
     return [(name, scalar[dtype] if shape == () else BinaryType())
-            for name, dtype, shape in STORED_FIELDS]
+            for name, dtype, shape in FIELDS]
 
 
 def make_schema():

@@ -28,15 +28,6 @@ OUTPUT_SCHEMA = ("client_id string, rank int, item_id string, item int, score fl
                  "p_sale float")
 
 
-def _decoded(records):
-    """Spark rows of a split -> the rows our readers give (arrays decoded): no Petastorm."""
-    from hvd_ctsm.arrow_reader import row_decoder
-    from hvd_ctsm.schema import STORED_FIELDS
-
-    decode = row_decoder([name for name, *_ in STORED_FIELDS])
-    return (decode(record.asDict()) for record in records)
-
-
 def _partition_scorer(model_bytes, items, k: int):
     """A mapPartitions function: load the model once per partition, score its rows."""
 
@@ -90,11 +81,12 @@ def _score_model(spark, data: str, model: str, path: Path, out: str, k: int, spl
 
 def _score_into(spark, stage: Path, data: str, path: Path, items: list, split: str, k: int):
     """Score `split` of `data` into the folder `stage`; return the counts."""
+    from hvd_ctsm.arrow_reader import spark_rows
     from hvd_ctsm.data import split_url
 
     sc = spark.sparkContext
     scorer = _partition_scorer(sc.broadcast(path.read_bytes()), sc.broadcast(items), k)
-    rows = spark.read.parquet(split_url(data, split)).rdd.mapPartitions(_decoded)
+    rows = spark_rows(spark, split_url(data, split))
     scores = spark.createDataFrame(rows.mapPartitions(scorer), OUTPUT_SCHEMA)
     scores.write.mode("append").parquet(str(stage.resolve()))  # the stage holds our marker
     written = spark.read.parquet(str(stage.resolve()))

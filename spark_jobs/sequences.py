@@ -20,14 +20,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from hvd_ctsm.schema import EVENT_TYPE_INDEX, SERVING_SPLIT, STORED_FIELDS, log_hours, spark_types
+from hvd_ctsm.schema import EVENT_TYPE_INDEX, FIELDS, SERVING_SPLIT, log_hours, spark_types
 from spark_jobs.pandas_frames import object_strings
 
 HISTORY = ("item", "event_type", "value", "timestamp", "log_gap", "client_attrs")
 EMPTY = np.zeros(0, np.int32)
 NO_TARGETS = np.zeros(0, np.intp)
 ROLES = {"train": 1, "validation": 2, "test": 3}  # role codes inside the UDF (0 = input only)
-COLUMNS = [name for name, *_ in STORED_FIELDS]  # the dataset's columns, in stored order
+COLUMNS = [name for name, *_ in FIELDS]  # the dataset's columns, in stored order
 
 
 def add_labels(events: DataFrame, label_min_rating: float) -> DataFrame:
@@ -188,7 +188,7 @@ def encode_row(row: dict) -> list:
     """Field values in stored order, encoded as Petastorm's codecs encode them: arrays as np.save
     bytes (dtype and rank checked), strings as str, ints as int."""
     values = []
-    for name, dtype, shape in STORED_FIELDS:
+    for name, dtype, shape in FIELDS:
         value = row[name]
         if shape:
             if value.dtype != dtype or value.ndim != len(shape):

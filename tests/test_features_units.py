@@ -231,10 +231,10 @@ def test_the_field_table_is_petastorms_unischema():
     """schema.FIELDS (what the Petastorm-free writer and reader use) declares what the Unischema
     does: the same columns in the same stored order, the same Spark types, dtypes and shapes."""
     pytest.importorskip("petastorm", reason="compares with Petastorm's Unischema (classic stack)")
-    from hvd_ctsm.schema import FIELDS, STORED_FIELDS, make_schema, spark_types
+    from hvd_ctsm.schema import FIELDS, make_schema, spark_types
 
     unischema = make_schema()
-    assert [name for name, *_ in STORED_FIELDS] == list(unischema.fields)
+    assert [name for name, *_ in FIELDS] == list(unischema.fields)
     assert [(f.name, f.dataType) for f in unischema.as_spark_schema().fields] == spark_types()
     for name, dtype, shape in FIELDS:
         field = unischema.fields[name]
