@@ -4,7 +4,8 @@ default trained on one GPU under bf16 and fp32, in one run of under 8 minutes.
     scripts/gpu_check.sh FEATURES OUT     # FEATURES: ML-100K as the feature job writes it
 
 It needs only what a GPU image with PyTorch has (torch, numpy, pyarrow, PyYAML): the repository
-on PYTHONPATH, no Spark, Petastorm or Horovod (the dataset is read by hvd_ctsm.arrow_reader, the
+on PYTHONPATH, no Spark, Petastorm or Horovod (the dataset is read by hvd_ctsm.data.arrow_reader,
+the
 trainer runs under torchrun). Every part runs in its own time box and writes what it measured to
 OUT/gpu.json as it goes, so a part that fails or runs out of time leaves the others' results.
 
@@ -74,7 +75,7 @@ class Results:
 
 def preload(data: Path, batches: int, device) -> tuple[list[dict], object]:
     from hvd_ctsm.config import load_config
-    from hvd_ctsm.data import plan_epoch, read_metadata, split_url, train_batches
+    from hvd_ctsm.data.batches import plan_epoch, read_metadata, split_url, train_batches
 
     cfg, meta, url = load_config(), read_metadata(data), split_url(data, "train")
     plan = replace(plan_epoch(url, 1, cfg.data.batch_size), steps=batches)
@@ -88,9 +89,9 @@ def step_cell(batches: list[dict], meta, items: int, loss: str, amp: str, steps:
     import torch
 
     from hvd_ctsm.config import load_config
-    from hvd_ctsm.heads import resolve_loss
-    from hvd_ctsm.model import CTSM
-    from hvd_ctsm.train_support import autocast_for, build_model_sizes
+    from hvd_ctsm.model.ctsm import CTSM
+    from hvd_ctsm.model.heads import resolve_loss
+    from hvd_ctsm.train.support import autocast_for, build_model_sizes
 
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)

@@ -37,8 +37,8 @@ READERS = {"arrow": ("arrow", True), "ours": ("petastorm", True),
 
 def read_shard(data: Path, rank: int, size: int, batch_size: int, variant: str) -> float:
     """Rows per second of one epoch of one rank's shard."""
-    import hvd_ctsm.npy_codec as npy_codec
-    from hvd_ctsm.data import plan_epoch, read_metadata, split_url, train_batches
+    import hvd_ctsm.data.npy_codec as npy_codec
+    from hvd_ctsm.data.batches import plan_epoch, read_metadata, split_url, train_batches
 
     reader, fast = READERS[variant]
     meta, url = read_metadata(data), split_url(data, "train")

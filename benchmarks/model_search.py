@@ -62,7 +62,7 @@ def record_fingerprint(record: dict) -> str | None:
     settings added since do not tell apart trials that trained the same model; None
     when the record has no config or today's classes refuse it (a setting was removed)."""
     from hvd_ctsm.config import ConfigError, TrainConfig, from_dict, to_dict
-    from hvd_ctsm.model import LEGACY_ARCH
+    from hvd_ctsm.model.ctsm import LEGACY_ARCH
 
     if not record.get("config"):
         return None
@@ -89,7 +89,7 @@ def validation_curve(out: Path) -> list[dict]:
 
 def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: int,
               seed: int, data_name: str | None = None) -> dict:
-    from hvd_ctsm.backtest import run_backtest
+    from hvd_ctsm.evaluation.backtest import run_backtest
 
     out = work / f"{name}-s{seed}"
     args = ["-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out), "--overwrite",

@@ -41,7 +41,7 @@ VARIANTS = {  # name: (ranks, backward_passes_per_step, rule)
 
 def train_and_backtest(data: Path, work: Path, name: str, seed: int, epochs: int,
                        settings: list[str]) -> dict:
-    from hvd_ctsm.backtest import run_backtest
+    from hvd_ctsm.evaluation.backtest import run_backtest
 
     ranks, micro, rule = VARIANTS[name]
     out = work / f"{name}-s{seed}"

@@ -71,7 +71,7 @@ def comm(p: dict) -> list[str]:
     out = [f"Data: {p['data']}, {p['steps']} timed steps per run (30% of that on the heavy "
            f"model), np=2, one thread per rank; {p['repeats']} Horovod/DDP pairs, "
            f"{p.get('knob_repeats', p['repeats'])} passes over the knob variants. "
-           f"Trainer CPU defaults: {p['cpu_defaults']} (None: see hvd_ctsm/config.py).", "",
+           f"Trainer CPU defaults: {p['cpu_defaults']} (None: see hvd_ctsm/config).", "",
            "| | samples/s |", "| --- | ---: |",
            f"| Horovod (trainer defaults) | {med(peer['horovod_samples_per_s'], '{:.0f}')} |",
            f"| PyTorch DDP (torchrun, Gloo) | {med(peer['ddp_samples_per_s'], '{:.0f}')} |",

@@ -50,8 +50,7 @@ def probe(loss: str, items: int, repeats: int = 3) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from hvd_ctsm import catalog
-
+    from hvd_ctsm.model import catalog
     torch.manual_seed(0)
     torch.set_num_threads(1)
     windows, length, dim = 128, 50, 64

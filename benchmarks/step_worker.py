@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-from hvd_ctsm.data import plan_epoch, read_metadata, split_url, train_batches
-from hvd_ctsm.model import CTSM
-from hvd_ctsm.train_support import build_model_sizes
+from hvd_ctsm.data.batches import plan_epoch, read_metadata, split_url, train_batches
+from hvd_ctsm.model.ctsm import CTSM
+from hvd_ctsm.train.support import build_model_sizes
 
 KNOBS = {"compression": "none", "bpps": 1, "fusion_mb": None, "cycle_ms": None, "threads": 1,
          "affinity": False, "sleeping_wait": None}
@@ -240,7 +240,6 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     from hvd_ctsm import distributed
-
     plain_ddp = parse_args(None).backend == "ddp"
     # Plain DDP's Gloo threads outlive its process group, as the torch backend's do.
     distributed.exit_process(main(), own_torch_group=plain_ddp)

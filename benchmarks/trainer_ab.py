@@ -29,7 +29,7 @@ from benchmarks.scaling import read_train_log, trainer_args  # noqa: E402
 
 def steps_per_epoch(data: Path, config: str | None, ranks: int) -> int:
     from hvd_ctsm.config import load_config
-    from hvd_ctsm.data import plan_epoch, split_url
+    from hvd_ctsm.data.batches import plan_epoch, split_url
 
     cfg = load_config(config)
     rows = cfg.data.batch_size * cfg.dist.backward_passes_per_step

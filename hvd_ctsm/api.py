@@ -31,13 +31,13 @@ def train_model(spark, data: str, out: str, num_proc: int = 2, config: str = "de
 
     overrides: trainer settings as 'section.field=value' (e.g. 'model.dim=32');
     init_from: a model.pt (or registry version) to warm-start from."""
-    from hvd_ctsm.spark_train import train_on_spark
+    from hvd_ctsm.train.spark_train import train_on_spark
 
     argv = ["--data", str(data), "--out", str(out), "--config", config, *overrides]
     if epochs is not None:
         argv += ["--epochs", str(epochs)]
     if init_from:
-        from hvd_ctsm.score import resolve_model
+        from hvd_ctsm.serving.score import resolve_model
 
         argv += ["--init-from", str(resolve_model(init_from))]
     if overwrite:
@@ -52,8 +52,8 @@ def backtest_model(data: str, model: str, gate: str = "", report: str | None = N
     import json
     from pathlib import Path
 
-    from hvd_ctsm.atomic import atomic_write_bytes
-    from hvd_ctsm.backtest import apply_gate, parse_gate, run_backtest
+    from hvd_ctsm.evaluation.backtest import apply_gate, parse_gate, run_backtest
+    from hvd_ctsm.files.atomic import atomic_write_bytes
 
     rules = parse_gate(gate)
     result = run_backtest(str(data), str(model), split)
@@ -70,7 +70,7 @@ def score_clients(spark, data: str, model: str, out: str, k: int = 10,
     in this process with spark=None (one file). `model`: registry, run folder, model.pt or
     models:/NAME@ALIAS (from `tracking_uri`, else MLFLOW_TRACKING_URI, else DATA/../mlflow)."""
     if spark is None:
-        from hvd_ctsm.score import score_dataset
+        from hvd_ctsm.serving.score import score_dataset
 
         return score_dataset(data, model, out, k, tracking_uri=tracking_uri)
     from spark_jobs.score_topk import score_topk

@@ -19,11 +19,14 @@ from pathlib import Path
 # step -> (module whose main(argv) runs it, one line of help)
 STEPS = {
     "features": ("spark_jobs.build_features", "the Spark feature job: events -> Petastorm dataset"),
-    "train": ("hvd_ctsm.launch", "train on this rank (under torchrun or horovodrun for several)"),
-    "backtest": ("hvd_ctsm.backtest", "offline evaluation against popularity, with a gate"),
-    "gate": ("hvd_ctsm.gate", "apply a deploy gate to a backtest report (exit 1 refuses)"),
-    "deploy": ("hvd_ctsm.deploy", "copy a gated model into the registry"),
-    "score": ("hvd_ctsm.score", "top-K unseen items per client, Parquet"),
+    "train": ("hvd_ctsm.train.launch",
+              "train on this rank (under torchrun or horovodrun for several)"),
+    "backtest": ("hvd_ctsm.evaluation.backtest",
+                 "offline evaluation against popularity, with a gate"),
+    "gate": ("hvd_ctsm.evaluation.gate",
+             "apply a deploy gate to a backtest report (exit 1 refuses)"),
+    "deploy": ("hvd_ctsm.serving.deploy", "copy a gated model into the registry"),
+    "score": ("hvd_ctsm.serving.score", "top-K unseen items per client, Parquet"),
     "pipeline": ("spark_jobs.pipeline", "features -> train on Spark -> backtest -> gate -> deploy"),
     "doctor": ("hvd_ctsm.doctor", "check the installed stack, one line per check"),
 }

@@ -59,8 +59,8 @@ def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **
 
 def _worker_warnings() -> str:
     """PYTHONWARNINGS for Spark's Python workers: this process's own, plus silence for Petastorm's
-    deprecation warnings (hvd_ctsm.schema)."""
-    from hvd_ctsm.schema import PETASTORM_WORKER_WARNINGS
+    deprecation warnings (hvd_ctsm.data.schema)."""
+    from hvd_ctsm.data.schema import PETASTORM_WORKER_WARNINGS
 
     own = os.environ.get("PYTHONWARNINGS", "")
     return ",".join(filter(None, [PETASTORM_WORKER_WARNINGS, own]))

@@ -4,7 +4,7 @@
     spark-submit spark_jobs/build_features.py --source synthetic:clients=1000,events=50000 --out DIR
     build_features(spark, FeatureConfig(...))  # from a notebook with its own SparkSession
 
-Output: DIR/{train,validation,test,serving} (Petastorm, hvd_ctsm.schema), DIR/vocab.json and
+Output: DIR/{train,validation,test,serving} (Petastorm, hvd_ctsm.data.schema), DIR/vocab.json and
 DIR/metadata.json. `serving` holds every client's latest events (all of them) for batch scoring.
 The whole folder is built in a temporary sibling and renamed into place when complete.
 """
@@ -24,8 +24,8 @@ from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
 import hvd_ctsm
-from hvd_ctsm import outputs, storage
-from hvd_ctsm.schema import OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT
+from hvd_ctsm.data.schema import OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT
+from hvd_ctsm.files import outputs, storage
 from spark_jobs import attributes, sequences, split, validate, vocab, write
 from spark_jobs.config import FeatureConfig, parse_time
 from spark_jobs.sources import SourceError, load_source

@@ -32,9 +32,11 @@ class PipelineConfig:
     work: str
     """Folder for this run: WORK/features, WORK/model, WORK/backtest.json, WORK/pipeline.json."""
     registry: str
-    """Model registry (hvd_ctsm.deploy): read for the previous vocabulary, written on success."""
+    """Model registry (hvd_ctsm.serving.deploy): read for the previous vocabulary, written on
+    success."""
     gate: str = "ndcg@10>=0.05"
-    """Deploy gate (hvd_ctsm.backtest syntax); the pipeline stops with exit code 3 below it."""
+    """Deploy gate (hvd_ctsm.evaluation.backtest syntax); the pipeline stops with exit code 3 below
+    it."""
     num_proc: int = 2
     """Horovod ranks, one Spark task each (the application needs that many task slots)."""
     config: str = "default"
@@ -56,8 +58,8 @@ class PipelineConfig:
         if self.row_groups < self.num_proc:
             raise ValueError(f"row_groups {self.row_groups} < num_proc {self.num_proc}: some "
                              "ranks would get no rows")
-        from hvd_ctsm.backtest import parse_gate
         from hvd_ctsm.config import config_from_argv
+        from hvd_ctsm.evaluation.backtest import parse_gate
 
         if not parse_gate(self.gate):
             raise ValueError("gate must name at least one rule, e.g. 'ndcg@10>=0.05'")
@@ -100,7 +102,7 @@ class Steps:
         self.save()
 
     def save(self) -> None:
-        from hvd_ctsm.atomic import atomic_write_bytes
+        from hvd_ctsm.files.atomic import atomic_write_bytes
 
         atomic_write_bytes(self.path, json.dumps(self.record, indent=2).encode())
 
@@ -116,16 +118,15 @@ def _features(spark, cfg: PipelineConfig, out: Path, previous_vocab: Path | None
 
 
 def _backtest(data: Path, model: Path, report: Path, gate: str) -> bool:
-    from hvd_ctsm import backtest
-
+    from hvd_ctsm.evaluation import backtest
     return backtest.main(["--data", str(data), "--model", str(model), "--report", str(report),
                           "--gate", gate]) == 0
 
 
 def run_pipeline(spark, cfg: PipelineConfig) -> int:
     """Run every step in `spark`'s application; returns the exit code (see the module doc)."""
-    from hvd_ctsm import deploy
-    from hvd_ctsm.spark_train import train_on_spark
+    from hvd_ctsm.serving import deploy
+    from hvd_ctsm.train.spark_train import train_on_spark
 
     work = Path(cfg.work)
     work.mkdir(parents=True, exist_ok=True)

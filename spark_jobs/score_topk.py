@@ -4,13 +4,14 @@
     spark-submit spark_jobs/score_topk.py --data FEATURES --model models:/ctsm@champion ...
     score_topk(spark, data, model, out, k=10)        # from a notebook with its own session
 
-The same scoring as `python -m hvd_ctsm.score` (hvd_ctsm.score.score_rows), spread over the
+The same scoring as `python -m hvd_ctsm.serving.score` (hvd_ctsm.serving.score.score_rows), spread
+over the
 partitions of the feature dataset: the model's bytes are broadcast once and each partition loads
 the model, decodes its Petastorm rows and yields its clients' top-K. A registered MLflow model
 (models:/NAME@ALIAS, --tracking-uri) is scored the same way: the driver downloads the version's
-own files (hvd_ctsm.score.model_source) and broadcasts its model.pt. Rows come from the
+own files (hvd_ctsm.serving.score.model_source) and broadcasts its model.pt. Rows come from the
 `serving` split (every client's latest events) or, for features built before it existed, from
-the `test` split with a warning (hvd_ctsm.score.scoring_split). The output folder is built
+the `test` split with a warning (hvd_ctsm.serving.score.scoring_split). The output folder is built
 under a temporary name and renamed into place when complete.
 """
 
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from hvd_ctsm import outputs
+from hvd_ctsm.files import outputs
 
 OUTPUT_SCHEMA = ("client_id string, rank int, item_id string, item int, score float, "
                  "p_sale float")
@@ -36,8 +37,8 @@ def _partition_scorer(model_bytes, items, k: int):
 
         import torch
 
-        from hvd_ctsm.backtest import model_from_state
-        from hvd_ctsm.score import score_rows
+        from hvd_ctsm.evaluation.backtest import model_from_state
+        from hvd_ctsm.serving.score import score_rows
 
         torch.set_num_threads(1)  # one partition per core already
         state = torch.load(io.BytesIO(model_bytes.value), map_location="cpu", weights_only=True)
@@ -51,7 +52,7 @@ def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str |
     """Score every client of the split (default: scoring_split) on the cluster with the model
     (a registry, run folder, model.pt or models:/ URI); write OUT (Parquet); return a summary
     (which names the split scored)."""
-    from hvd_ctsm.score import ScoringError, model_source, scoring_split
+    from hvd_ctsm.serving.score import ScoringError, model_source, scoring_split
 
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
@@ -65,9 +66,9 @@ def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str |
 def _score_model(spark, data: str, model: str, path: Path, out: str, k: int, split: str,
                  overwrite: bool) -> dict:
     """Score with the model file `path` (what `model` resolved to) into OUT, built in a stage."""
-    from hvd_ctsm.checkpoint import load_state
-    from hvd_ctsm.data import split_url
-    from hvd_ctsm.score import load_vocab_items, model_inputs
+    from hvd_ctsm.data.batches import split_url
+    from hvd_ctsm.model.checkpoint import load_state
+    from hvd_ctsm.serving.score import load_vocab_items, model_inputs
     from spark_jobs.session import check_executors, job_settings
 
     split_url(data, split)  # a damaged or incomplete dataset stops here
@@ -81,8 +82,8 @@ def _score_model(spark, data: str, model: str, path: Path, out: str, k: int, spl
 
 def _score_into(spark, stage: Path, data: str, path: Path, items: list, split: str, k: int):
     """Score `split` of `data` into the folder `stage`; return the counts."""
-    from hvd_ctsm.arrow_reader import spark_rows
-    from hvd_ctsm.data import split_url
+    from hvd_ctsm.data.arrow_reader import spark_rows
+    from hvd_ctsm.data.batches import split_url
 
     sc = spark.sparkContext
     scorer = _partition_scorer(sc.broadcast(path.read_bytes()), sc.broadcast(items), k)
@@ -110,9 +111,9 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     args = p.parse_args(argv)
-    from hvd_ctsm.data import DatasetError
+    from hvd_ctsm.data.batches import DatasetError
     from hvd_ctsm.errors import EXIT_BAD_INPUT
-    from hvd_ctsm.score import ScoringError
+    from hvd_ctsm.serving.score import ScoringError
     from spark_jobs.session import ExecutorPythonError, get_spark
 
     spark = get_spark(master=args.master, app_name="hvd_ctsm-score")

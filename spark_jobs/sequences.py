@@ -1,4 +1,5 @@
-"""Per-client examples exactly as hvd_ctsm/schema.py describes them, built in a grouped pandas UDF.
+"""Per-client examples exactly as hvd_ctsm/data/schema.py describes them, built in a grouped pandas
+UDF.
 
 `examples_of_client` is plain numpy on one client's events (unit-testable without Spark);
 `build_examples` hashes clients into buckets and runs it on every client of a bucket in one
@@ -20,7 +21,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from hvd_ctsm.schema import EVENT_TYPE_INDEX, FIELDS, SERVING_SPLIT, log_hours, spark_types
+from hvd_ctsm.data.schema import EVENT_TYPE_INDEX, FIELDS, SERVING_SPLIT, log_hours, spark_types
 from spark_jobs.pandas_frames import object_strings
 
 HISTORY = ("item", "event_type", "value", "timestamp", "log_gap", "client_attrs")

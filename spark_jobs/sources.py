@@ -18,7 +18,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from hvd_ctsm import storage
+from hvd_ctsm.files import storage
 from spark_jobs.attributes import wide_to_long
 from spark_jobs.pandas_frames import object_strings
 from spark_jobs.parquet_types import check_same_types

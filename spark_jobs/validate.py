@@ -15,7 +15,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from hvd_ctsm.schema import EVENT_TYPES
+from hvd_ctsm.data.schema import EVENT_TYPES
 
 REASONS = (
     "null_client_id",

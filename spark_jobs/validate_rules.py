@@ -18,7 +18,7 @@ import math
 import re
 from collections.abc import Iterable
 
-from hvd_ctsm.schema import EVENT_TYPES
+from hvd_ctsm.data.schema import EVENT_TYPES
 
 # The same pattern as validate._NUMBER; ASCII: Java's \d and \s are ASCII-only by default.
 NUMBER = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$", re.ASCII)

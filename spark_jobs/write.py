@@ -3,8 +3,9 @@
 A dataset is Parquet in Petastorm's layout. Where Petastorm is installed it also writes its
 `_common_metadata` (its Unischema and row-group counts), so Petastorm's own tools read it; where
 it is not (current stacks: it does not run on pyarrow >= 15), the same files and an equivalent
-`_common_metadata` are written without it (hvd_ctsm.petastorm_metadata). HVD_CTSM_WRITER=parquet
-skips Petastorm anyway. Our reader (hvd_ctsm.arrow_reader) needs only the files.
+`_common_metadata` are written without it (hvd_ctsm.data.petastorm_metadata).
+HVD_CTSM_WRITER=parquet
+skips Petastorm anyway. Our reader (hvd_ctsm.data.arrow_reader) needs only the files.
 
 The readers shard by row group, so a split with fewer row groups than ranks leaves some ranks
 without rows (and Horovod ranks that disagree on their step counts hang). Each split is therefore
@@ -21,7 +22,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
-from hvd_ctsm.atomic import atomic_write_bytes
+from hvd_ctsm.files.atomic import atomic_write_bytes
 
 ROW_GROUP_SIZE_MB = 32  # big partitions get several row groups: more shards, never fewer
 
@@ -62,7 +63,7 @@ def write_dataset(df: DataFrame, path: Path, n_rows: int, row_groups: int) -> in
         _placed(df, files, n_rows).write.mode("overwrite").parquet(url)
         _stable_names(path)
     if not petastorm_writes():  # the metadata Petastorm's readers need, by our own code
-        from hvd_ctsm.petastorm_metadata import write_common_metadata
+        from hvd_ctsm.data.petastorm_metadata import write_common_metadata
 
         write_common_metadata(path)
     groups = count_row_groups(path)
@@ -88,7 +89,7 @@ def _metadata_writer(spark, url: str):
     if petastorm_writes():
         from petastorm.etl.dataset_metadata import materialize_dataset
 
-        from hvd_ctsm.schema import make_schema
+        from hvd_ctsm.data.schema import make_schema
 
         with materialize_dataset(spark, url, make_schema(), ROW_GROUP_SIZE_MB):
             yield
@@ -128,7 +129,7 @@ def file_listing(path: Path) -> list[dict]:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Readers never see half a file (temp file, fsync, rename: hvd_ctsm.atomic)."""
+    """Readers never see half a file (temp file, fsync, rename: hvd_ctsm.files.atomic)."""
     atomic_write_bytes(path, data)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from hvd_ctsm.checkpoint import load_state
+from hvd_ctsm.model.checkpoint import load_state
 
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
 # Small and quick; validate every epoch and never stop early (tests count validations).

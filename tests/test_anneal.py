@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hvd_ctsm.config import load_config
-from hvd_ctsm.trainer import Trainer
+from hvd_ctsm.train.trainer import Trainer
 
 
 def rules(*overrides):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvd_ctsm.arrow_reader import shard_order
-from hvd_ctsm.data import (DatasetError, open_reader, plan_epoch, reader_name, split_url,
-                           train_batches)
+from hvd_ctsm.data.arrow_reader import shard_order
+from hvd_ctsm.data.batches import (DatasetError, open_reader, plan_epoch, reader_name, split_url,
+                                   train_batches)
 
 
 def read_all(monkeypatch, reader: str, url: str, rank: int, size: int, seed, shuffle, fields=None):

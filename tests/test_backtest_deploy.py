@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from hvd_ctsm import backtest, deploy
+from hvd_ctsm.evaluation import backtest
+from hvd_ctsm.serving import deploy
 
 
 def test_gate_parsing_and_decisions():

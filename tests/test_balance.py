@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_ctsm.data import plan_epoch, split_url, train_batches
+from hvd_ctsm.data.batches import plan_epoch, split_url, train_batches
 
 pytestmark = [pytest.mark.spark]
 BATCH, SIZE, MAX_LEN = 8, 2, 40

@@ -1,4 +1,5 @@
-"""What grows with the catalog (hvd_ctsm.catalog): sparse exclusions, the chunked exact softmax,
+"""What grows with the catalog (hvd_ctsm.model.catalog): sparse exclusions, the chunked exact
+softmax,
 the shared sampled softmax with log-Q, the chunked top-K; each checked against its dense
 definition on small cases."""
 
@@ -7,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hvd_ctsm import catalog
-from hvd_ctsm.heads import EXACT_MAX_ITEMS, resolve_loss
+from hvd_ctsm.model import catalog
+from hvd_ctsm.model.heads import EXACT_MAX_ITEMS, resolve_loss
 
 
 def dense_seen(items, target_row, target_pos, num_items):
@@ -174,8 +175,8 @@ def eval_batch(seed, num_items=60, rows=8, window=10):
 
 @pytest.mark.parametrize("chunk", [7, 25])
 def test_chunked_evaluation_gives_the_whole_matrix_ranks(chunk):
-    from hvd_ctsm.evaluate import Popularity, evaluate, model_scorer
-    from hvd_ctsm.model import CTSM, ModelSizes
+    from hvd_ctsm.evaluation.evaluate import Popularity, evaluate, model_scorer
+    from hvd_ctsm.model.ctsm import CTSM, ModelSizes
 
     torch.manual_seed(0)
     model = CTSM(ModelSizes(num_items=60, num_event_types=3, attr_sizes=[2], max_len=10),

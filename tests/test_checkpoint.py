@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_ctsm.checkpoint import CheckpointManager, load_state, save_state
 from hvd_ctsm.config import ModelConfig, TrainConfig
-from hvd_ctsm.model import CTSM, ModelSizes
-from hvd_ctsm.run_folder import check_warm_start_matches
-from hvd_ctsm.train_support import lr_scale, lr_schedule, warm_start
+from hvd_ctsm.model.checkpoint import CheckpointManager, load_state, save_state
+from hvd_ctsm.model.ctsm import CTSM, ModelSizes
+from hvd_ctsm.train.run_folder import check_warm_start_matches
+from hvd_ctsm.train.support import lr_scale, lr_schedule, warm_start
 
 
 def test_keeps_the_last_k_and_the_best(tmp_path):

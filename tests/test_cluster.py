@@ -191,7 +191,7 @@ def test_the_notebook_api_on_the_cluster(cluster, cluster_features, tmp_path):
 SLOT_WAIT = """
 import json, sys
 from hvd_ctsm.spark_session import get_spark
-from hvd_ctsm.spark_train import task_slots, wait_for_task_slots
+from hvd_ctsm.train.spark_train import task_slots, wait_for_task_slots
 spark = get_spark(master=sys.argv[1], app_name="ctsm-cluster-slots")
 first = (task_slots(spark), spark.sparkContext.defaultParallelism)  # no executor yet
 wait_for_task_slots(spark, 3, 120)

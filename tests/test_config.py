@@ -123,8 +123,7 @@ def test_the_spark_pipeline_refuses_a_bad_trainer_value_before_any_step(tmp_path
 def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path, capsys):
     import yaml
 
-    from hvd_ctsm import launch
-
+    from hvd_ctsm.train import launch
     out = tmp_path / "run"
     assert launch.main(["--config", "sasrec", "--out", str(out), "optim.lr=1e-3",
                         "--print-config"]) == 0
@@ -138,7 +137,7 @@ def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path, ca
 def test_the_optimizer_takes_adam_beta2_from_the_config():
     import torch
 
-    from hvd_ctsm.train_support import make_optimizer
+    from hvd_ctsm.train.support import make_optimizer
 
     model = torch.nn.Linear(2, 1)
     for overrides, beta2 in (([], 0.999), (["optim.adam_beta2=0.98"], 0.98)):

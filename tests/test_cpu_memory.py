@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from hvd_ctsm.cpu_memory import glibc
+from hvd_ctsm.train.cpu_memory import glibc
 
 # Each run in a fresh process: the setting cannot be undone in the process that made it.
 ALLOCATE_AND_FREE = """
 import json, resource, sys
 import torch
-from hvd_ctsm.cpu_memory import keep_freed_memory
+from hvd_ctsm.train.cpu_memory import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else None
 for _ in range(10):  # the heap grows to its peak first (glibc places the first few apart)
     torch.ones(40 * 2**20 // 4).sum()  # 40 MB: above glibc's largest mmap threshold (32 MB)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_ctsm.data import DatasetError, split_url, verify_split
+from hvd_ctsm.data.batches import DatasetError, split_url, verify_split
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,9 +51,10 @@ def test_metadata_lists_every_file_with_rows_and_bytes(tiny_features):
 
 @pytest.mark.parametrize("command", [
     ("hvd_ctsm.train", "--data", "{data}", "--out", "{tmp}/run", "--epochs", "1"),
-    ("hvd_ctsm.backtest", "--data", "{data}", "--model", "{tmp}/no-model", "--report",
+    ("hvd_ctsm.evaluation.backtest", "--data", "{data}", "--model", "{tmp}/no-model", "--report",
      "{tmp}/r.json"),
-    ("hvd_ctsm.score", "--data", "{data}", "--model", "{tmp}/no-model", "--out", "{tmp}/s.pq"),
+    ("hvd_ctsm.serving.score", "--data", "{data}", "--model", "{tmp}/no-model",
+     "--out", "{tmp}/s.pq"),
 ])
 def test_a_missing_parquet_file_is_refused_in_one_line(damaged, tmp_path, command):
     data, gone = damaged

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from hvd_ctsm.dataset_meta import (DatasetError, DatasetMeta, check_same_vocabulary,
-                                   item_categories, item_tags, read_metadata)
-from hvd_ctsm.schema import SCHEMA_VERSION
+from hvd_ctsm.data.dataset_meta import (DatasetError, DatasetMeta, check_same_vocabulary,
+                                        item_categories, item_tags, read_metadata)
+from hvd_ctsm.data.schema import SCHEMA_VERSION
 
 
 def write_meta(folder, **fields) -> None:

@@ -126,8 +126,7 @@ def s3():
 
 
 def test_features_on_s3_train_under_horovod_and_score_back_to_s3(spark, s3, tmp_path, capsys):
-    from hvd_ctsm import score
-
+    from hvd_ctsm.serving import score
     url = "s3://ctsm/features"
     summary = build_features(spark, FeatureConfig(
         source="synthetic:clients=60,items=30,events=1500,seed=5", out=url, max_len=20,
@@ -163,8 +162,7 @@ def test_features_on_s3_train_under_horovod_and_score_back_to_s3(spark, s3, tmp_
     assert remote.equals(pq.read_table(tmp_path / "top5.parquet"))
 
     # The backtest reads the test split from S3 and measures what it measures on the copy.
-    from hvd_ctsm import backtest
-
+    from hvd_ctsm.evaluation import backtest
     reports = {name: run_backtest_report(backtest, data, run, tmp_path / f"{name}.json")
                for name, data in (("s3", url), ("copy", str(tmp_path / "copy")))}
     assert reports["s3"]["model"]["full"]["targets"] > 0
@@ -178,12 +176,12 @@ def run_backtest_report(backtest, data: str, run: Path, report: Path) -> dict:
 
 def test_an_unreachable_or_missing_dataset_url_is_one_line_and_exit_2(s3, tmp_path, capsys,
                                                                       monkeypatch):
-    from hvd_ctsm import score
     from hvd_ctsm.errors import run_cli
+    from hvd_ctsm.serving import score
 
     argv = ["--data", "s3://ctsm/no-such-features", "--model", str(tmp_path / "model"),
             "--out", str(tmp_path / "s.parquet")]
-    assert run_cli(score.main, "hvd_ctsm.score", argv) == 2
+    assert run_cli(score.main, "hvd_ctsm.serving.score", argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "s3://ctsm/no-such-features" in err, err
 
@@ -192,7 +190,7 @@ def test_an_unreachable_or_missing_dataset_url_is_one_line_and_exit_2(s3, tmp_pa
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     s3fs.S3FileSystem.clear_instance_cache()
     try:
-        assert run_cli(score.main, "hvd_ctsm.score", argv) == 2
+        assert run_cli(score.main, "hvd_ctsm.serving.score", argv) == 2
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
     err = capsys.readouterr().err.strip()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hvd_ctsm import deploy
+from hvd_ctsm.serving import deploy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def test_a_relative_data_path_is_found_beside_the_report_and_the_copy_checked(tm
 
 
 def test_a_missing_model_is_one_line_and_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hvd_ctsm.deploy", "--model",
+    proc = subprocess.run([sys.executable, "-m", "hvd_ctsm.serving.deploy", "--model",
                            str(tmp_path / "nothing"), "--report", str(tmp_path / "r.json"),
                            "--registry", str(tmp_path / "registry")], capture_output=True,
                           text=True, timeout=120, cwd=REPO,

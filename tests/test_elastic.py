@@ -13,8 +13,8 @@ import faultlib as fl
 import psutil
 import pytest
 
-from hvd_ctsm.data import split_url
-from hvd_ctsm.elastic import row_groups
+from hvd_ctsm.data.batches import split_url
+from hvd_ctsm.train.elastic import row_groups
 
 pytestmark = [pytest.mark.horovod, pytest.mark.spark, pytest.mark.slow, pytest.mark.faults]
 REPO = Path(__file__).resolve().parents[1]

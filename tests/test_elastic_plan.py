@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hvd_ctsm.config import ConfigError, load_config
-from hvd_ctsm.elastic import GlobalOrder, RowGroup
-from hvd_ctsm.faults import delayed, step_time_report
+from hvd_ctsm.train.elastic import GlobalOrder, RowGroup
+from hvd_ctsm.train.faults import delayed, step_time_report
 
 
 def slice_rows(order: GlobalOrder, rows: int, rank: int, batch: int) -> list[tuple[int, int]]:

@@ -7,9 +7,9 @@ Runs in the test process with the session's SparkSession: pytest's main module i
 import pandas as pd
 import pytest
 
-from hvd_ctsm import outputs
 from hvd_ctsm.errors import EXIT_BAD_INPUT
-from hvd_ctsm.estimator import main, sequence_frame
+from hvd_ctsm.files import outputs
+from hvd_ctsm.train.estimator import main, sequence_frame
 
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
 
@@ -70,7 +70,7 @@ def test_a_missing_dataset_is_one_line(tmp_path, capsys):
 def test_the_estimators_model_reads_item_tags_where_the_dataset_has_them():
     import torch
 
-    from hvd_ctsm.estimator import SequenceSaleModel
+    from hvd_ctsm.train.estimator import SequenceSaleModel
 
     tags = [[]] + [[1 + i % 2] for i in range(9)]  # items 1..9, two tags
     torch.manual_seed(0)
@@ -87,7 +87,7 @@ def test_each_rows_history_ends_at_its_targets_position():
     """No later event reaches a row: every history column stops at the target's position."""
     from types import SimpleNamespace
 
-    from hvd_ctsm.estimator import frame_rows
+    from hvd_ctsm.train.estimator import frame_rows
 
     example = SimpleNamespace(client_id="c", item=[5, 6, 7, 8], event_type=[1, 2, 1, 2],
                               value=[1.0, 2.0, 3.0, 4.0], log_gap=[0.0, 0.5, 1.5, 2.5],
@@ -106,7 +106,7 @@ def test_the_estimators_model_reads_the_events_types_values_and_gaps():
     (on ML-100K the past ratings are most of what it knows); padded places stay out."""
     import torch
 
-    from hvd_ctsm.estimator import SequenceSaleModel
+    from hvd_ctsm.train.estimator import SequenceSaleModel
 
     torch.manual_seed(0)
     model = SequenceSaleModel(10, 4, attr_sizes=[4, 5]).eval()

@@ -13,8 +13,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from hvd_ctsm import outputs
-from hvd_ctsm.schema import EVENT_TYPE_INDEX, SCHEMA_VERSION, SERVING_SPLIT, SPLITS
+from hvd_ctsm.data.schema import EVENT_TYPE_INDEX, SCHEMA_VERSION, SERVING_SPLIT, SPLITS
+from hvd_ctsm.files import outputs
 from spark_jobs.build_features import build_features, main
 from spark_jobs.config import FeatureConfig
 from spark_jobs.synthetic import SyntheticParams, generate_events_part

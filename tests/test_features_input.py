@@ -34,7 +34,7 @@ def serving_rows(out: Path) -> dict:
 
 
 def test_rfc4180_csv_in_a_session_of_another_time_zone(spark, tmp_path):
-    from hvd_ctsm.npy_codec import decode_npy
+    from hvd_ctsm.data.npy_codec import decode_npy
 
     events = tmp_path / "events.csv"
     rfc4180_csv(events)

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hvd_ctsm.schema import EVENT_TYPE_INDEX, log_hours
+from hvd_ctsm.data.schema import EVENT_TYPE_INDEX, log_hours
 from spark_jobs.config import FeatureConfig, parse_time
 from spark_jobs.sequences import client_examples
 from spark_jobs.vocab import era_name, extend_vocab, item_tag_names, year_edges
@@ -139,7 +139,7 @@ def test_collate_takes_targets_only_from_rows_that_have_them():
 
     import torch
 
-    from hvd_ctsm.data import collate
+    from hvd_ctsm.data.batches import collate
 
     ts = [0, 10, 20, 30]
     out = dict(client_examples("c", client_frame(ts, ["train", "train", "validation", "test"]), 8))
@@ -200,7 +200,7 @@ def test_fast_encoding_matches_petastorm_codecs():
     pytest.importorskip("petastorm", reason="compares with Petastorm's codecs (classic stack)")
     from petastorm.unischema import dict_to_spark_row
 
-    from hvd_ctsm.schema import make_schema
+    from hvd_ctsm.data.schema import make_schema
     from spark_jobs.sequences import encode_row, npy_bytes
 
     for array in (
@@ -231,7 +231,7 @@ def test_the_field_table_is_petastorms_unischema():
     """schema.FIELDS (what the Petastorm-free writer and reader use) declares what the Unischema
     does: the same columns in the same stored order, the same Spark types, dtypes and shapes."""
     pytest.importorskip("petastorm", reason="compares with Petastorm's Unischema (classic stack)")
-    from hvd_ctsm.schema import FIELDS, make_schema, spark_types
+    from hvd_ctsm.data.schema import FIELDS, make_schema, spark_types
 
     unischema = make_schema()
     assert [name for name, *_ in FIELDS] == list(unischema.fields)

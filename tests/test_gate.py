@@ -2,7 +2,7 @@
 
 import json
 
-from hvd_ctsm import gate
+from hvd_ctsm.evaluation import gate
 
 METRICS = {"full": {"ndcg@10": 0.12, "hr@10": 0.2}, "sampled": {"hr@10": 0.6}}
 

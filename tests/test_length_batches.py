@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_ctsm.data import (LENGTH_POOL_BATCHES, equal_target_cuts, length_grouped, plan_epoch,
-                           split_url, train_batches)
+from hvd_ctsm.data.batches import (LENGTH_POOL_BATCHES, equal_target_cuts, length_grouped,
+                                   plan_epoch, split_url, train_batches)
 
 BATCH = 16
 
@@ -99,7 +99,7 @@ def test_the_reader_pads_each_batch_to_its_longest_history_and_resumes_exactly(t
 
 @pytest.mark.spark
 def test_evaluation_reads_every_client_once_in_batches_of_alike_length(tiny_features):
-    from hvd_ctsm.data import eval_batches, read_metadata
+    from hvd_ctsm.data.batches import eval_batches, read_metadata
 
     url, batch = split_url(tiny_features, "validation"), 4
     meta = read_metadata(tiny_features)
@@ -113,8 +113,8 @@ def test_evaluation_reads_every_client_once_in_batches_of_alike_length(tiny_feat
 
 
 def test_micro_batches_keep_every_row_of_a_batch_whose_rows_do_not_divide():
-    from hvd_ctsm.data import collate
-    from hvd_ctsm.train_support import split_batch
+    from hvd_ctsm.data.batches import collate
+    from hvd_ctsm.train.support import split_batch
 
     rows = shard([3, 4, 5, 6, 7])
     for row in rows:

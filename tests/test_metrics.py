@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from hvd_ctsm.metrics import (RankingSums, auc, hit_at_k, log_loss, ndcg_at_k, reciprocal_rank,
-                              sample_negatives, target_ranks)
+from hvd_ctsm.evaluation.metrics import (RankingSums, auc, hit_at_k, log_loss, ndcg_at_k,
+                                         reciprocal_rank, sample_negatives, target_ranks)
 
 
 def test_target_ranks_ties_count_against_the_target():
@@ -55,7 +55,7 @@ def test_sample_negatives_excludes_and_is_distinct():
 
 
 def test_a_model_without_a_sale_head_gets_ranking_metrics_and_no_auc():
-    from hvd_ctsm.evaluate import EvalResult
+    from hvd_ctsm.evaluation.evaluate import EvalResult
 
     result = EvalResult()
     result.full.add_ranks(np.array([0]))  # the target first
@@ -66,7 +66,7 @@ def test_a_model_without_a_sale_head_gets_ranking_metrics_and_no_auc():
 
 
 def test_paired_difference_of_a_constant_gap_is_exact_whatever_the_clients_spread():
-    from hvd_ctsm.metrics import paired_difference
+    from hvd_ctsm.evaluation.metrics import paired_difference
 
     rng = np.random.default_rng(0)
     theirs = rng.uniform(0, 1, 500)  # clients differ a lot; the gap between models does not
@@ -78,7 +78,7 @@ def test_paired_difference_of_a_constant_gap_is_exact_whatever_the_clients_sprea
 
 
 def test_paired_difference_resamples_clients_and_narrows_with_more_of_them():
-    from hvd_ctsm.metrics import paired_difference
+    from hvd_ctsm.evaluation.metrics import paired_difference
 
     rng = np.random.default_rng(1)
 
@@ -98,7 +98,7 @@ def test_paired_difference_resamples_clients_and_narrows_with_more_of_them():
 
 
 def test_paired_differences_pair_each_target_with_itself_whatever_the_order():
-    from hvd_ctsm.evaluate import EvalResult, paired_differences
+    from hvd_ctsm.evaluation.evaluate import EvalResult, paired_differences
 
     def result(targets, full, sampled):
         r = EvalResult()

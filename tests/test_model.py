@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from hvd_ctsm.catalog import seen_pairs, tied_pairs
-from hvd_ctsm.heads import future_pairs
-from hvd_ctsm.model import (CTSM, ModelSizes, architecture, position_bucket_of, recency_bias,
-                            time_gap_bias)
+from hvd_ctsm.model.catalog import seen_pairs, tied_pairs
+from hvd_ctsm.model.ctsm import (CTSM, ModelSizes, architecture, position_bucket_of, recency_bias,
+                                 time_gap_bias)
+from hvd_ctsm.model.heads import future_pairs
 
 CATEGORIES = [0] + [1 + i % 3 for i in range(49)]  # item 0 (padding) has none
 # Tags: item i has tag 1 + i % 4, also tag 5 when i is even, none when i % 7 == 0.

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from hvd_ctsm.npy_codec import decode_npy, npy_codec_classes
+from hvd_ctsm.data.npy_codec import decode_npy, npy_codec_classes
 
 DTYPES = st.sampled_from([np.int32, np.int64, np.float32, np.float64, np.uint8, ">i4", "<f8"])
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hvd_ctsm import launch, outputs
+from hvd_ctsm.files import outputs
+from hvd_ctsm.train import launch
 from spark_jobs.build_features import main as features_main
 
 REPO = Path(__file__).resolve().parents[1]

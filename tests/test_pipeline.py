@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_ctsm import deploy
+from hvd_ctsm.serving import deploy
 from tests.conftest import REPO, TINY_SOURCE
 
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow, pytest.mark.e2e]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from hvd_ctsm.backtest import run_backtest
+from hvd_ctsm.evaluation.backtest import run_backtest
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 # Small and quick (about a minute a run on an idle core): 8 validations (the best-model test

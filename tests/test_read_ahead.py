@@ -3,7 +3,7 @@ test_train.py exercise the real readers, including a resume that must be bitwise
 
 from types import SimpleNamespace
 
-from hvd_ctsm.train import read_ahead_now
+from hvd_ctsm.train.loop import read_ahead_now
 
 
 def make_run(steps: int, epochs: int, read_ahead_steps: int):

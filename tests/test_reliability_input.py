@@ -11,8 +11,8 @@ import time
 import faultlib as fl
 import pytest
 
-from hvd_ctsm import launch
-from hvd_ctsm.data import DatasetError
+from hvd_ctsm.data.batches import DatasetError
+from hvd_ctsm.train import launch
 
 
 @pytest.mark.parametrize("override, message", [

@@ -13,7 +13,7 @@ import time
 import faultlib as fl
 import pytest
 
-from hvd_ctsm.checkpoint import CheckpointManager, load_state, save_state
+from hvd_ctsm.model.checkpoint import CheckpointManager, load_state, save_state
 
 pytestmark = [pytest.mark.horovod, pytest.mark.spark, pytest.mark.slow, pytest.mark.faults]
 EVERY = 4  # checkpoint_every_steps: a kill loses at most this many steps
@@ -115,7 +115,7 @@ def test_sigkill_mid_epoch_then_resume_np2(tiny_features, tmp_path):
 
 WRITER = """
 import sys, torch
-from hvd_ctsm.checkpoint import CheckpointManager
+from hvd_ctsm.model.checkpoint import CheckpointManager
 manager = CheckpointManager(sys.argv[1], keep=2)
 state = {"w": torch.randn(6_000_000)}  # ~24 MB: a write takes long enough to be hit
 for step in range(1, 10_000):

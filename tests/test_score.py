@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from hvd_ctsm import score
-from hvd_ctsm.schema import SERVING_SPLIT
+from hvd_ctsm.data.schema import SERVING_SPLIT
+from hvd_ctsm.serving import score
 from tests.test_features_e2e import read_split
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -88,8 +88,8 @@ def top_items(path) -> dict:
 
 
 def test_scores_start_from_each_clients_latest_event(tiny_features, model_run, tmp_path, caplog):
-    from hvd_ctsm.backtest import model_from_state
-    from hvd_ctsm.checkpoint import load_state
+    from hvd_ctsm.evaluation.backtest import model_from_state
+    from hvd_ctsm.model.checkpoint import load_state
 
     serving = {r["client_id"]: r for r in read_split(tiny_features / SERVING_SPLIT)}
     test = {r["client_id"]: r for r in read_split(tiny_features / "test")}
@@ -118,7 +118,7 @@ def test_scores_start_from_each_clients_latest_event(tiny_features, model_run, t
     meta = json.loads((old / "metadata.json").read_text())
     del meta["splits"][SERVING_SPLIT]
     (old / "metadata.json").write_text(json.dumps(meta))
-    with caplog.at_level(logging.WARNING, logger="hvd_ctsm.score"):
+    with caplog.at_level(logging.WARNING, logger="hvd_ctsm.serving.score"):
         fallback = score.score_dataset(old, model_run, tmp_path / "old.parquet", k=K)
     assert fallback["split"] == "test" and "rebuild the features" in caplog.text
     assert pq.read_table(tmp_path / "old.parquet").equals(pq.read_table(tmp_path / "test.parquet"))

@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from hvd_ctsm.schema import SCHEMA_VERSION
-from hvd_ctsm.score import ScoringError, scoring_split
+from hvd_ctsm.data.schema import SCHEMA_VERSION
+from hvd_ctsm.serving.score import ScoringError, scoring_split
 
 
 def features(path, *splits):
@@ -19,7 +19,7 @@ def features(path, *splits):
 
 def test_serving_rows_are_scored_when_the_features_have_them(tmp_path, caplog):
     data = features(tmp_path / "new", "train", "validation", "test", "serving")
-    with caplog.at_level(logging.WARNING, logger="hvd_ctsm.score"):
+    with caplog.at_level(logging.WARNING, logger="hvd_ctsm.serving.score"):
         assert scoring_split(data) == "serving"
         assert scoring_split(data, "test") == "test"  # asked for on purpose: no warning
     assert not caplog.records
@@ -27,7 +27,7 @@ def test_serving_rows_are_scored_when_the_features_have_them(tmp_path, caplog):
 
 def test_older_features_fall_back_to_test_with_a_warning(tmp_path, caplog):
     data = features(tmp_path / "old", "train", "validation", "test")
-    with caplog.at_level(logging.WARNING, logger="hvd_ctsm.score"):
+    with caplog.at_level(logging.WARNING, logger="hvd_ctsm.serving.score"):
         assert scoring_split(data) == "test"
     assert len(caplog.records) == 1
     assert "last event" in caplog.text and "rebuild the features" in caplog.text

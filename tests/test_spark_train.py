@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hvd_ctsm.spark_train import NICS_ENV, SparkTrainingError, spark_nics, train_on_spark
+from hvd_ctsm.train.spark_train import NICS_ENV, SparkTrainingError, spark_nics, train_on_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow]
 SMALL = ["data.batch_size=64", "model.dim=16", "model.layers=1", "progress=false",
@@ -23,7 +23,7 @@ def ml_features(spark, ml100k, tmp_path_factory):
 
 
 def test_two_ranks_on_spark_write_a_model_and_a_report(spark, ml_features, tmp_path):
-    from hvd_ctsm.backtest import run_backtest
+    from hvd_ctsm.evaluation.backtest import run_backtest
 
     out = tmp_path / "run"
     summary = train_on_spark(["--data", str(ml_features), "--out", str(out), "--epochs", "1",

@@ -1,4 +1,5 @@
-"""hvd_ctsm.storage on fsspec's in-memory filesystem (a real fsspec filesystem, no server) and on
+"""hvd_ctsm.files.storage on fsspec's in-memory filesystem (a real fsspec filesystem, no server)
+and on
 local paths: uploads put metadata.json last and take back what they put when they fail, remote
 writes leave no temporary object, and a scheme no filesystem serves is one StorageError."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 import fsspec
 import pytest
 
-from hvd_ctsm import storage
+from hvd_ctsm.files import storage
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import psutil
 import pytest
 import torch
 
-from hvd_ctsm.checkpoint import load_state
 from hvd_ctsm.distributed import BackendError, parse_selftest, resolve
+from hvd_ctsm.model.checkpoint import load_state
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 HOROVOD_NP2 = [fl.HOROVODRUN, "-np", "2", "--gloo"]
@@ -230,7 +230,7 @@ def worker_of_rank(proc: subprocess.Popen, rank: int) -> psutil.Process:
 def test_torch_distributor_trains_on_spark_tasks_like_horovod_spark(spark, tiny_features,
                                                                      tmp_path, whole_horovod_run):
     """dist.backend=torch on Spark: TorchDistributor on local[2]'s tasks (local_mode=False)."""
-    from hvd_ctsm.spark_train import train_on_spark
+    from hvd_ctsm.train.spark_train import train_on_spark
 
     out = tmp_path / "run"
     summary = train_on_spark(fl.trainer_cmd(tiny_features, out, *RUN, "dist.backend=torch",

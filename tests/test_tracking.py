@@ -56,7 +56,6 @@ def test_a_run_in_the_default_local_store(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
     from hvd_ctsm import tracking
-
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     data = tmp_path / "features"
     data.mkdir()
@@ -222,8 +221,8 @@ def test_champion_moves_only_after_a_passed_gate(demo, capsys, monkeypatch):
     store in MLFLOW_TRACKING_URI, where every process started later would log."""
     from mlflow import MlflowClient
 
-    from hvd_ctsm import deploy, gate
-
+    from hvd_ctsm.evaluation import gate
+    from hvd_ctsm.serving import deploy
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
     model, report = demo / "model", demo / "model" / "backtest.json"
@@ -248,8 +247,8 @@ def serving_histories(features: Path):
     never change, as the pyfunc input (raw ids and names): exactly what batch scoring saw."""
     import pandas as pd
 
-    from hvd_ctsm.data import open_reader, split_url
-    from hvd_ctsm.schema import EVENT_TYPES
+    from hvd_ctsm.data.batches import open_reader, split_url
+    from hvd_ctsm.data.schema import EVENT_TYPES
 
     vocab = json.loads((features / "vocab.json").read_text())
     meta = json.loads((features / "metadata.json").read_text())
@@ -271,7 +270,7 @@ def serving_histories(features: Path):
 @pytest.mark.horovod
 @pytest.mark.slow
 def test_pyfunc_from_the_registry_scores_pandas_and_spark(demo, spark, monkeypatch):
-    """models:/ctsm@champion gives the same top-10 as batch scoring (hvd_ctsm.score) for the
+    """models:/ctsm@champion gives the same top-10 as batch scoring (hvd_ctsm.serving.score) for the
     same histories, with pandas and through spark_udf."""
     import mlflow
     import pandas as pd
@@ -312,12 +311,13 @@ def counts_line(capsys) -> dict:
 @pytest.mark.horovod
 @pytest.mark.slow
 def test_scoring_jobs_score_the_registered_champion(demo, spark, tmp_path, monkeypatch, capsys):
-    """hvd_ctsm.score and the Spark job score with models:/ctsm@champion (from the store beside
+    """hvd_ctsm.serving.score and the Spark job score with models:/ctsm@champion (from the store
+    beside
     the features, or the one --tracking-uri names) exactly as with the folder registry: the
     same rows, the same counts line."""
     import pandas as pd
 
-    from hvd_ctsm import score
+    from hvd_ctsm.serving import score
     from spark_jobs import score_topk
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -346,7 +346,7 @@ def test_scoring_jobs_score_the_registered_champion(demo, spark, tmp_path, monke
 @pytest.mark.slow
 def test_a_models_uri_that_names_nothing_is_one_line_and_exit_2(demo, spark, tmp_path,
                                                                  monkeypatch, capsys):
-    from hvd_ctsm import score
+    from hvd_ctsm.serving import score
     from spark_jobs import score_topk
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

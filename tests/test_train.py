@@ -12,7 +12,7 @@ import faultlib as fl
 import pytest
 import torch
 
-from hvd_ctsm.checkpoint import load_state
+from hvd_ctsm.model.checkpoint import load_state
 
 pytestmark = [pytest.mark.horovod, pytest.mark.spark, pytest.mark.slow]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from hvd_ctsm.weight_average import WeightAverage
+from hvd_ctsm.train.weight_average import WeightAverage
 
 
 def set_weights(model: nn.Module, value: float) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_ctsm.data import open_reader, split_url
+from hvd_ctsm.data.batches import open_reader, split_url
 from tests.conftest import TINY_SOURCE
 from tests.test_arrow_reader import assert_same_rows
 
@@ -53,8 +53,8 @@ def common_metadata(split: Path) -> tuple:
 
     import pyarrow.parquet as pq
 
-    from hvd_ctsm.petastorm_metadata import ROW_GROUPS_KEY, UNISCHEMA_KEY
-    from hvd_ctsm.schema import make_schema
+    from hvd_ctsm.data.petastorm_metadata import ROW_GROUPS_KEY, UNISCHEMA_KEY
+    from hvd_ctsm.data.schema import make_schema
 
     meta = pq.read_metadata(split / "_common_metadata")
     values = meta.metadata

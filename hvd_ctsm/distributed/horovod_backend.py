@@ -148,7 +148,8 @@ def shutdown() -> None:
         _hvd.shutdown()
 
 
-# --- Elastic Horovod (hvd_ctsm.elastic holds the training logic; only the calls live here) ---
+# --- Elastic Horovod (hvd_ctsm.train.elastic holds the training logic; only the calls live here)
+# ---
 
 
 def is_elastic_launch() -> bool:

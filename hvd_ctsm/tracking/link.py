@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hvd_ctsm.atomic import atomic_write_bytes
+from hvd_ctsm.files.atomic import atomic_write_bytes
 
 LINK_FILE = "mlflow_run.json"
 STORE_FOLDER = "mlflow"  # beside the run folder: several runs (and deploys) share one store

@@ -7,7 +7,8 @@
                                   result_type="item_ids array<string>, scores array<double>")
     histories.withColumn("top", udf(struct("client_id", "items")))
 
-The input and output columns are hvd_ctsm.serving's. The MLflow model holds the folder-registry
+The input and output columns are hvd_ctsm.tracking.pyfunc_input's. The MLflow model holds the
+folder-registry
 version (model.pt and its checksum, vocab.json, metadata.json, config.yaml, backtest.json) as one
 artifact, and the model as code (model_code.py, which builds a CtsmModel), so hvd_ctsm (our
 wheel) must be installed wherever the model is loaded (driver and executors), as torch is.
@@ -33,9 +34,9 @@ class CtsmModel(mlflow.pyfunc.PythonModel):
     """Loads model.pt, vocab.json and metadata.json once; predict scores histories."""
 
     def load_context(self, context):
-        from hvd_ctsm.checkpoint import load_state
-        from hvd_ctsm.data import check_same_vocabulary
-        from hvd_ctsm.model import CTSM
+        from hvd_ctsm.data.batches import check_same_vocabulary
+        from hvd_ctsm.model.checkpoint import load_state
+        from hvd_ctsm.model.ctsm import CTSM
 
         folder = Path(context.artifacts[VERSION_ARTIFACT])
         state = load_state(folder / "model.pt")
@@ -49,7 +50,7 @@ class CtsmModel(mlflow.pyfunc.PythonModel):
     # describes and validates the input; without hints it warns at every log and load.
     def predict(self, context, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> pd.DataFrame:
-        from hvd_ctsm.serving import top_k_frame
+        from hvd_ctsm.tracking.pyfunc_input import top_k_frame
 
         k = int((params or {}).get("k", DEFAULT_K))
         return top_k_frame(self.model, model_input, self.vocab, self.meta, k)

@@ -92,7 +92,7 @@ def champion_report(tracking_uri: str, ref: str) -> dict | None:
         reports = sorted(Path(local).rglob("backtest.json"))
         if not reports:
             raise ValueError(f"{ref} (version {found.version}) holds no backtest.json: it was "
-                             "not registered by hvd_ctsm.deploy")
+                             "not registered by hvd_ctsm.serving.deploy")
         return json.loads(reports[0].read_text())
 
 
@@ -144,7 +144,7 @@ def download_version(tracking_uri: str, ref: str, destination: Path) -> Path:
     models = sorted(local.rglob("model.pt"))
     if len(models) != 1:
         raise ValueError(f"{ref} (version {found.version}) holds {len(models)} model.pt files, "
-                         "not one: it was not registered by hvd_ctsm.deploy")
+                         "not one: it was not registered by hvd_ctsm.serving.deploy")
     log.info("MLflow: %s is version %s of %s (folder version %s)", ref, found.version,
              found.name, (found.tags or {}).get("folder_version", "?"))
     return models[0].parent

@@ -1,0 +1,206 @@
+"""Output folders we own: a marker file in each, and the rules for replacing one.
+
+Every folder the project writes (feature datasets, training runs, Spark score folders, the model
+registry) holds MARKER, a small JSON file naming its kind. `--overwrite` removes a folder only when
+it holds our marker of the same kind and does not hold, and is not inside, one of the command's
+inputs: a mistyped `--out` must never cost data we did not create. A local output is built whole
+in a marked temporary sibling and then swapped into place (`staged`), so readers never see half
+of one. Standard library only (the Spark job imports it without torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from hvd_ctsm.files import storage
+
+MARKER = ".hvd_ctsm-output.json"
+KINDS = ("features", "run", "scores", "predictions", "registry")
+STALE_ELSEWHERE_S = 24 * 3600  # a temp folder of another host's job is stale after a day
+
+
+class UnsafeOutputError(FileExistsError):
+    """Writing or replacing this output could destroy data we did not create."""
+
+
+class OutputExistsError(FileExistsError):
+    """The output folder exists and overwrite was not asked for."""
+
+
+def mark(folder: str | Path, kind: str) -> None:
+    """Claim `folder` (which must exist) as an output of `kind` written by this process."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown output kind {kind!r}")
+    record = {"kind": kind, "host": socket.gethostname(), "pid": os.getpid(),
+              "created": round(time.time(), 3)}
+    (Path(folder) / MARKER).write_text(json.dumps(record) + "\n")
+
+
+def claim(folder: str | Path, kind: str) -> None:
+    """Create `folder` if needed and mark it ours, unless it already holds a marker."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    if marker(folder) is None:
+        mark(folder, kind)
+
+
+def marker(folder: str | Path) -> dict | None:
+    """The marker record of `folder`, or None when it has none (or an unreadable one)."""
+    try:
+        record = json.loads((Path(folder) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _overlaps(out: Path, source: Path) -> bool:
+    """True when `out` is `source`, holds it, or lies inside it."""
+    return out == source or out in source.parents or source in out.parents
+
+
+def _url_overlaps(out: str, source: str) -> bool:
+    """_overlaps for URLs (s3://bucket/a): at a path boundary, so s3://b/ab is not in s3://b/a."""
+    out, source = out.rstrip("/"), source.rstrip("/")
+    return out == source or out.startswith(source + "/") or source.startswith(out + "/")
+
+
+def check_not_an_input(out: str | Path, inputs: Iterable[str | Path | None]) -> None:
+    """Refuse an output that is, holds or lies inside one of the command's inputs (local
+    folders, or URLs compared as text)."""
+    for source in filter(None, inputs):
+        if storage.is_remote(out) or storage.is_remote(source):
+            overlaps = _url_overlaps(str(out), str(source))
+        else:
+            overlaps = _overlaps(Path(out).resolve(), Path(source).resolve())
+        if overlaps:
+            raise UnsafeOutputError(
+                f"refusing to write {out}: it is, holds or lies inside the input {source}; "
+                "pick an --out outside every input")
+
+
+def check_new_url(out: str, inputs: Iterable[str | Path | None] = ()) -> None:
+    """A URL output is written once: an object store cannot swap a folder atomically, so an
+    existing one is never replaced (nor one that overlaps an input)."""
+    check_not_an_input(out, inputs)
+    if storage.exists(out):
+        raise OutputExistsError(
+            f"output {out} exists; a URL output is never replaced (--overwrite applies to local "
+            "folders): pick a new URL, e.g. a dated prefix")
+
+
+def check_replaceable(out: str | Path, kind: str, inputs: Iterable[str | Path | None] = ()) -> None:
+    """Stop unless `out` may be (re)written: absent or empty, or ours of the same kind."""
+    check_not_an_input(out, inputs)
+    out = Path(out)
+    if not out.exists() or (out.is_dir() and is_empty(out)):
+        return
+    record = marker(out)
+    if record is None:
+        raise UnsafeOutputError(
+            f"refusing to overwrite {out}: it was not written by hvd_ctsm (no {MARKER} in it); "
+            "pick another --out, or remove the folder yourself if it is really disposable")
+    if record.get("kind") != kind:
+        raise UnsafeOutputError(
+            f"refusing to overwrite {out}: it holds hvd_ctsm {record.get('kind')} output, not "
+            f"{kind}; pick another --out")
+
+
+def is_empty(folder: Path) -> bool:
+    """Absent or without entries (another rank may be removing it right now)."""
+    try:
+        return not any(Path(folder).iterdir())
+    except FileNotFoundError:
+        return True
+
+
+def remove_ours(folder: Path) -> None:
+    """Remove a folder check_replaceable allowed, its marker last: other ranks checking it
+    meanwhile still see it as ours until nothing else is left."""
+    for child in Path(folder).iterdir():
+        if child.name != MARKER:
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    shutil.rmtree(folder)
+
+
+def _still_running(record: dict) -> bool:
+    """Whether the process that wrote `record` may still be working (this host only)."""
+    if record.get("host") != socket.gethostname():  # cannot ask another host: trust a day
+        return time.time() - float(record.get("created", 0)) < STALE_ELSEWHERE_S
+    try:
+        os.kill(int(record.get("pid", -1)), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def remove_stale_temps(out: str | Path) -> list[Path]:
+    """Remove `.OUT.tmp-*` / `.OUT.old-*` siblings left by killed jobs for the same OUT.
+
+    Only folders holding our marker whose writer is no longer running are removed: a concurrent
+    job's stage and anything we did not create stay."""
+    out = Path(out)
+    removed = []
+    for pattern in (f".{out.name}.tmp-*", f".{out.name}.old-*"):
+        for stale in sorted(out.parent.glob(pattern)):
+            record = marker(stale)
+            if stale.is_dir() and record is not None and not _still_running(record):
+                shutil.rmtree(stale, ignore_errors=True)
+                removed.append(stale)
+    return removed
+
+
+def staging_dir(out: Path, overwrite: bool, kind: str = "features", inputs=()) -> Path:
+    """A fresh temporary sibling of `out` to build the whole output in (checked before work).
+
+    `out` must not overlap `inputs`; an existing `out` is replaced only with `overwrite` and only
+    when it is ours (check_replaceable). Temp folders of killed runs for the same `out` go first.
+    """
+    check_not_an_input(out, inputs)
+    if out.exists() and not overwrite:
+        raise OutputExistsError(f"output {out} exists; pass --overwrite to replace it")
+    if overwrite:
+        check_replaceable(out, kind, inputs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out)
+    stage = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
+    stage.mkdir()
+    mark(stage, kind)
+    return stage
+
+
+def publish(stage: Path, out: Path) -> None:
+    """Move the finished output into place; an old output is removed only after the swap."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(out, old)
+    os.replace(stage, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def discard(stage: Path) -> None:
+    """Remove an unfinished stage (the job failed or was stopped): OUT is left as it was."""
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextmanager
+def staged(out: str | Path, overwrite: bool, kind: str, inputs=()) -> Iterator[Path]:
+    """Build an output in a stage (`staging_dir`, checked before any work), then publish it.
+
+    The body writes into the yielded folder; on a normal exit it replaces `out`, and on any
+    exception (a failure, Ctrl-C) the stage is discarded and `out` is left as it was."""
+    stage = staging_dir(Path(out), overwrite, kind, inputs)
+    try:
+        yield stage
+    except BaseException:
+        discard(stage)
+        raise
+    publish(stage, Path(out))

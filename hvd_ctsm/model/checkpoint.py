@@ -1,0 +1,111 @@
+"""Checkpoints that survive a crash mid-write and cannot run code when loaded.
+
+A checkpoint is one dict (model, optimizer, scheduler, step, epoch, data position, config,
+vocabulary hash) saved as `step-000000123.pt` with a `.sha256` beside it. Writes go to a temporary
+file that is fsynced and renamed into place, so a reader sees either the old set or the new one.
+Loading verifies the checksum and uses `torch.load(weights_only=True)`; a damaged latest checkpoint
+falls back to the previous good one with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from hvd_ctsm.files.atomic import atomic_write_bytes, fsync_dir
+
+log = logging.getLogger(__name__)
+NAME = re.compile(r"^step-(\d{9})\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def save_state(path: Path, state: dict) -> str:
+    """Save `state` with torch.save, atomically, plus a checksum file; returns the sha256."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data = buffer.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    atomic_write_bytes(Path(path), data)
+    atomic_write_bytes(Path(f"{path}.sha256"), f"{digest}  {Path(path).name}\n".encode())
+    return digest
+
+
+def load_state(path: Path) -> dict:
+    """Load a checkpoint after checking its checksum; weights_only: no code can run."""
+    path = Path(path)
+    data = path.read_bytes()
+    sidecar = Path(f"{path}.sha256")
+    if sidecar.exists():
+        want = sidecar.read_text().split()[0]
+        if hashlib.sha256(data).hexdigest() != want:
+            raise CheckpointError(f"{path}: checksum mismatch (truncated or corrupted)")
+    import io
+
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001  any unpickling failure means a bad file
+        raise CheckpointError(f"{path}: cannot be loaded: {exc}") from exc
+
+
+class CheckpointManager:
+    """Rank 0's checkpoint folder: the last `keep` step checkpoints plus best.pt."""
+
+    def __init__(self, folder: Path, keep: int):
+        self.folder = Path(folder)
+        self.keep = keep
+
+    def steps(self) -> list[int]:
+        if not self.folder.exists():
+            return []
+        return sorted(int(m.group(1)) for p in self.folder.iterdir() if (m := NAME.match(p.name)))
+
+    def path_for(self, step: int) -> Path:
+        return self.folder / f"step-{step:09d}.pt"
+
+    def remove_partial_writes(self) -> list[Path]:
+        """Temporary files of writes that a killed process never finished (never loaded)."""
+        partial = sorted(self.folder.glob(".*.tmp")) if self.folder.exists() else []
+        for tmp in partial:
+            tmp.unlink(missing_ok=True)
+            log.warning("removed %s: a checkpoint write interrupted by a crash", tmp.name)
+        return partial
+
+    def save(self, state: dict, step: int, is_best: bool = False) -> Path:
+        self.remove_partial_writes()  # only rank 0 writes here, so none is in progress
+        path = self.path_for(step)
+        save_state(path, state)
+        if is_best:
+            self._copy_atomic(path, self.folder / "best.pt")
+        for old in self.steps()[:-self.keep]:
+            self.path_for(old).unlink(missing_ok=True)
+            Path(f"{self.path_for(old)}.sha256").unlink(missing_ok=True)
+        return path
+
+    def _copy_atomic(self, src: Path, dst: Path) -> None:
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        shutil.copyfile(src, tmp)
+        shutil.copyfile(f"{src}.sha256", f"{tmp}.sha256")
+        os.replace(f"{tmp}.sha256", f"{dst}.sha256")
+        os.replace(tmp, dst)
+        fsync_dir(dst.parent)
+
+    def load_latest(self) -> dict | None:
+        """The newest checkpoint that loads cleanly; older ones are tried after a warning."""
+        for step in reversed(self.steps()):
+            path = self.path_for(step)
+            try:
+                return load_state(path)
+            except (CheckpointError, OSError) as exc:
+                log.warning("skipping damaged checkpoint %s: %s", path, exc)
+        return None

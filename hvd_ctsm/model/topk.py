@@ -1,0 +1,81 @@
+"""The scoring core: each row's top-K items it never had, from a model and history rows.
+
+A row is anything with the feature dataset's serving fields as attributes (a Petastorm row, or
+a SimpleNamespace built from plain lists by hvd_ctsm.tracking.pyfunc_input): client_id, history_len,
+item,
+event_type, value, log_gap, client_attrs, client_items and (empty) target arrays. Batch scoring
+(hvd_ctsm.serving.score, spark_jobs.score_topk) and the MLflow pyfunc flavour share it. torch,
+numpy,
+hvd_ctsm.data.batches, hvd_ctsm.model.catalog only, so every caller can import it without a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
+
+from hvd_ctsm.model import catalog
+
+
+def _batch_from_rows(rows: list, max_len: int) -> dict:
+    """Padded history tensors; one 'target' per row at its last history position."""
+    from hvd_ctsm.data.batches import collate
+
+    batch = collate(rows, max_len)
+    lengths = torch.tensor([int(r.history_len) for r in rows])
+    batch["target_row"] = torch.arange(len(rows))
+    batch["target_pos"] = (lengths - 1).clamp(min=0)
+    return batch
+
+
+def score_rows(model, rows: Iterable, k: int, items: list[str],
+               batch_size: int = 256) -> Iterator[tuple]:
+    """(client_id, rank, item_id, item, score, p_sale) for each row's top-K unseen items."""
+    max_len = model.sizes.max_len
+    chunk = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == batch_size:
+            yield from _score_chunk(model, chunk, k, items, max_len)
+            chunk = []
+    if chunk:
+        yield from _score_chunk(model, chunk, k, items, max_len)
+
+
+@torch.no_grad()
+def client_states(model, rows: list, max_len: int) -> torch.Tensor:
+    """[rows, dim]: each row's state after the last event of its history."""
+    batch = _batch_from_rows(rows, max_len)
+    return model.encoder(batch)[batch["target_row"], batch["target_pos"]]
+
+
+@torch.no_grad()
+def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int) -> Iterator[tuple]:
+    states = client_states(model, rows, max_len)
+    num_items = model.sizes.num_items
+    top = top_unseen(model, states, [row.client_items for row in rows], k, num_items)
+    p_sale = None
+    if "sale" in model.heads:
+        expanded = states.unsqueeze(1).expand(-1, top[1].shape[1], -1)
+        p_sale = model.p_sale(expanded, top[1]).numpy()
+    values, indices = top[0].numpy(), top[1].numpy()
+    for i, row in enumerate(rows):
+        for rank in range(indices.shape[1]):
+            if not np.isfinite(values[i, rank]):
+                break  # fewer unseen items than K
+            item = int(indices[i, rank])
+            yield (str(row.client_id), rank + 1, items[item], item, float(values[i, rank]),
+                   None if p_sale is None else float(p_sale[i, rank]))
+
+
+def top_unseen(model, states: torch.Tensor, seen: list, k: int,
+               num_items: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, item indices) of each state's top-k items outside its `seen` list (and never
+    padding), taken over the catalog a chunk of items at a time (catalog.chunked_topk)."""
+    excluded = catalog.ItemPairs.from_lists(seen, num_items)
+    table = catalog.item_table(model.encoder)
+    bias = model.heads["next_item"].bias
+    return catalog.chunked_topk(lambda lo, hi: states @ table[lo:hi].T + bias[lo:hi],
+                                len(states), num_items, min(k, num_items), excluded)

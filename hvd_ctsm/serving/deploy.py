@@ -1,0 +1,169 @@
+"""Deploy a model that passed its gate into a versioned registry folder, atomically.
+
+    python -m hvd_ctsm.serving.deploy --model RUN --report RUN/backtest.json --registry REGISTRY
+
+REGISTRY/v0001/ holds model.pt, config.yaml, metadata.json, vocab.json and backtest.json;
+REGISTRY/current names the deployed version. A version folder appears whole or not at all (it is
+built under a temporary name and renamed), and `current` is replaced atomically. A report whose
+gate did not pass, or that was made for another model file, is refused (exit code 1), and so is
+a version that would miss a file (exit code 1): metadata.json and vocab.json come from the
+report's dataset (a relative path is also tried from the report's folder). The copy is checked
+against its sources before `current` moves. Exit codes: hvd_ctsm/errors.py.
+
+When the model's run was tracked in MLflow (RUN/mlflow_run.json, hvd_ctsm.tracking), the version
+is also registered there as a version of the registered model tracking.registered_model (pyfunc
+flavour, the version folder as its artifact), and its alias `champion` moves to it. The folder
+registry stays the offline fallback: scoring and --warm-start read it, with or without MLflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from hvd_ctsm import tracking
+from hvd_ctsm.evaluation.backtest import model_file
+from hvd_ctsm.files.atomic import atomic_write_bytes
+
+
+class DeployRefused(RuntimeError):
+    pass
+
+
+def check_report(report: dict, model: Path) -> None:
+    gate = report.get("gate", {})
+    if gate.get("passed") is not True:
+        reason = "no gate was applied" if gate.get("passed") is None else "the gate failed"
+        raise DeployRefused(f"refusing to deploy: {reason} "
+                            f"({[c['rule'] for c in gate.get('checks', []) if not c['passed']]})")
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    if report.get("model_sha256") != digest:
+        raise DeployRefused("refusing to deploy: the report was made for another model file")
+
+
+def next_version(registry: Path) -> str:
+    taken = [int(p.name[1:]) for p in registry.glob("v[0-9]*") if p.name[1:].isdigit()]
+    return f"v{max(taken, default=0) + 1:04d}"
+
+
+REQUIRED = ("model.pt", "model.pt.sha256", "config.yaml", "metadata.json", "vocab.json",
+            "backtest.json")  # a later --warm-start and scoring need every one
+
+
+def report_data_dir(report: dict, report_path: Path) -> Path:
+    """The report's dataset folder; a relative path is tried from the current folder, then from
+    the report's folder (a report moved with its run, or read from another working folder)."""
+    data = Path(report.get("data", ""))
+    if data.is_absolute() or (data / "metadata.json").exists():
+        return data
+    return report_path.parent / data
+
+
+def version_files(model: Path, report: dict, report_path: Path) -> dict[str, Path]:
+    """Every file a version holds, checked to exist before anything is written."""
+    data = report_data_dir(report, report_path)
+    files = {"model.pt": model, "model.pt.sha256": Path(f"{model}.sha256"),
+             "config.yaml": model.parent / "config.yaml", "metadata.json": data / "metadata.json",
+             "vocab.json": data / "vocab.json", "backtest.json": report_path}
+    missing = [f"{name} ({src})" for name, src in files.items() if not src.is_file()]
+    if missing:
+        raise DeployRefused(f"refusing to deploy an incomplete version: missing "
+                            f"{', '.join(missing)}; the report's `data` must name the feature "
+                            "folder the model was trained on, beside its run's config.yaml")
+    return files
+
+
+def verify_version(version: Path, files: dict[str, Path]) -> None:
+    """The published copy equals its sources, byte for byte."""
+    for name, src in files.items():
+        copy = version / name
+        if not copy.is_file() or copy.stat().st_size != src.stat().st_size or \
+                hashlib.sha256(copy.read_bytes()).digest() != \
+                hashlib.sha256(src.read_bytes()).digest():
+            raise RuntimeError(f"deploy: {copy} differs from {src} after publishing; "
+                               "`current` was not moved to it")
+
+
+def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path) -> Path:
+    from hvd_ctsm.files import outputs
+    model = model_file(model_path)
+    if not model.is_file():
+        raise FileNotFoundError(2, "no model.pt here: pass a run folder or a model.pt", str(model))
+    report_path = Path(report_path)
+    report = json.loads(report_path.read_text())
+    check_report(report, model)
+    files = version_files(model, report, report_path)
+    registry = Path(registry)
+    outputs.check_not_an_input(registry, (model.parent, report_data_dir(report, report_path)))
+    registry.mkdir(parents=True, exist_ok=True)
+    if outputs.marker(registry) is None and not any(registry.glob("v[0-9]*")):
+        outputs.mark(registry, "registry")
+    staging = Path(tempfile.mkdtemp(dir=registry, prefix=".staging-"))
+    try:
+        for name, src in files.items():
+            shutil.copyfile(src, staging / name)
+        version = next_version(registry)
+        os.replace(staging, registry / version)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    verify_version(registry / version, files)
+    atomic_write_bytes(registry / "current", f"{version}\n".encode())
+    register_in_mlflow(model.parent, registry / version, report)
+    return registry / version
+
+
+def register_in_mlflow(run_folder: Path, version: Path, report: dict) -> None:
+    """The MLflow registry beside the folder one (hvd_ctsm.tracking), when the model's run was
+    tracked: a model version with the pyfunc flavour, `champion` moved to it (the gate passed:
+    check_report refused anything else). The folder version is deployed either way: a store
+    that fails here costs the MLflow version only, said in one line."""
+    try:
+        registered = tracking.register(run_folder, version, report)
+    except Exception as exc:  # noqa: BLE001  the folder registry already holds the version
+        print(f"hvd_ctsm.serving.deploy: warning: {version} is deployed, "
+              f"but MLflow did not register it "
+              f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); fix the store and "
+              "deploy again, or load it from the folder registry", file=sys.stderr)
+        return
+    if registered is not None:
+        name, number = registered
+        print(f"registered models:/{name}/{number} in MLflow; models:/{name}@{tracking.CHAMPION} "
+              "names it")
+
+
+def current(registry: str | Path) -> Path | None:
+    """The deployed version's folder, or None."""
+    pointer = Path(registry) / "current"
+    return Path(registry) / pointer.read_text().strip() if pointer.exists() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hvd_ctsm.serving.deploy", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="run folder or model.pt")
+    p.add_argument("--report", required=True, help="the backtest report with a passed gate")
+    p.add_argument("--registry", required=True, help="model registry folder")
+    args = p.parse_args(argv)
+    try:
+        path = deploy(args.model, args.report, args.registry)
+    except DeployRefused as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"deployed {path} (current -> {path.name})")
+    return 0
+
+
+def cli() -> None:
+    from hvd_ctsm.errors import run_cli
+
+    sys.exit(run_cli(main, "hvd_ctsm.serving.deploy"))
+
+
+if __name__ == "__main__":
+    cli()

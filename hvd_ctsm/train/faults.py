@@ -1,0 +1,130 @@
+"""Seeing faults while training runs: slow ranks, Horovod stall warnings, an injected delay.
+
+- `step_time_report` turns every rank's step times (gathered to rank 0 at each log step) into a
+  record that names the slowest rank, so a straggler is reported by rank in train_log.jsonl.
+- `StallWatcher` copies rank 0's stderr through a pipe and turns Horovod's stall inspector
+  warnings (HOROVOD_STALL_CHECK_TIME_SECONDS; the C++ core prints them to stderr) into records in
+  our own log: events.jsonl in the run folder, and the trainer's logger.
+- `delayed` is a fault-injection knob for tests and drills only: the trainer setting
+  `debug.step_delay_s` ('{"1": 0.5}', or '{"*": 0.1}' for every rank) makes those ranks sleep
+  that long before each batch they read, inside the trainer's timed data phase. Empty, the
+  batches pass through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger("hvd_ctsm.train.faults")
+# A rank whose busy time per step is this many times the median is called slow in the log.
+SLOW_FACTOR = 1.5
+_STALL_START = re.compile(r"waiting for remainder of ranks for more than|is stalled for longer")
+
+
+def delayed(batches: Iterator, rank: int, step_delay_s: dict[str, float]) -> Iterator:
+    """`batches`, each one after this rank's injected delay (debug.step_delay_s: by rank, or '*'
+    for all); the same iterator when it has none."""
+    seconds = step_delay_s.get(str(rank), step_delay_s.get("*", 0.0))
+    if not seconds:
+        return batches
+    return (time.sleep(seconds) or batch for batch in batches)
+
+
+def step_time_report(busy_by_rank: list[float], wait_by_rank: list[float]) -> dict:
+    """Per-rank mean seconds per step: busy (data, forward, backward, step) and allreduce wait.
+
+    In synchronous data parallelism the fast ranks wait in the allreduce for the slow one, so the
+    straggler is the rank with the most busy time, not the most total time."""
+    median = statistics.median(busy_by_rank)
+    slowest = max(range(len(busy_by_rank)), key=busy_by_rank.__getitem__)
+    slow = [r for r, busy in enumerate(busy_by_rank)
+            if len(busy_by_rank) > 1 and busy > SLOW_FACTOR * max(median, 1e-6)]
+    return {"busy_s_by_rank": [round(b, 5) for b in busy_by_rank],
+            "wait_s_by_rank": [round(w, 5) for w in wait_by_rank],
+            "slowest_rank": slowest, "slow_ranks": slow}
+
+
+def append_event(out: Path, event: dict) -> None:
+    """One line in the run's events.jsonl (rank 0 only): faults seen and recoveries made."""
+    with open(Path(out) / "events.jsonl", "a") as f:
+        f.write(json.dumps({"time": time.time()} | event) + "\n")
+
+
+class StallWatcher:
+    """Tee this process's stderr (fd 2) through a pipe; Horovod stall warnings become events.
+
+    Only rank 0 runs it: Horovod's coordinator (rank 0) is the one that prints them. The copy to
+    the original stderr keeps everything a user would have seen."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        self.stalls = 0
+        self._pending: list[str] | None = None
+        self._original = os.dup(2)
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        self._thread = threading.Thread(target=self._pump, args=(read_end,), daemon=True,
+                                        name="stall-watcher")
+        self._thread.start()
+
+    def _pump(self, read_end: int) -> None:
+        pending = b""
+        with os.fdopen(read_end, "rb", buffering=0) as pipe:
+            while chunk := pipe.read(65536):
+                os.write(self._original, chunk)
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._inspect(line.decode(errors="replace"))
+
+    def _inspect(self, line: str) -> None:
+        """A stall warning is one matching line plus a few (`Missing ranks:`, `1: [names]`)."""
+        if self._pending is not None:
+            self._pending.append(line.strip())
+            if len(self._pending) >= 4:
+                self._record()
+        elif _STALL_START.search(line):
+            self._pending = [line.strip()[-300:]]
+
+    def _record(self) -> None:
+        lines, self._pending = self._pending, None
+        self.stalls += 1
+        missing = [int(m.group(1)) for text in lines if (m := re.match(r"^\D*?(\d+): \[", text))]
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            append_event(self.out, {"event": "horovod_stall_warning", "missing_ranks": missing,
+                                    "text": " | ".join(lines)})
+        except OSError:
+            pass
+        # Written to the original stderr, not through the pipe: no echo of our own line.
+        os.write(self._original, f"[hvd_ctsm] Horovod stall warning #{self.stalls} (missing ranks "
+                                 f"{missing}) recorded in {self.out / 'events.jsonl'}\n".encode())
+
+    def close(self) -> None:
+        """Give fd 2 back and let the pump drain what is left."""
+        os.dup2(self._original, 2)
+        self._thread.join(timeout=2)
+        if self._pending is not None:
+            self._record()
+
+
+RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def start_stall_watcher(out: Path) -> StallWatcher | None:
+    """On rank 0 of a horovodrun/mpirun launch (known from the environment before init; Gloo or
+    MPI), else None. Seen with Horovod 0.28.1 here: the MPI controller prints stall warnings,
+    the Gloo controller printed none (the per-rank step times still name a slow rank)."""
+    ranks = [os.environ[name] for name in RANK_VARIABLES if name in os.environ]
+    if not ranks or ranks[0] != "0":
+        return None
+    return StallWatcher(out)

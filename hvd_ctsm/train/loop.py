@@ -1,0 +1,181 @@
+"""Train a CTSM on one rank or many (the program, its options and routes: hvd_ctsm.train.launch):
+
+    python -m hvd_ctsm.train --data DIR --out RUN                      # one rank
+    horovodrun -np 8 python -m hvd_ctsm.train --data DIR --out RUN     # eight ranks, Horovod
+    torchrun --standalone --nproc-per-node 8 -m hvd_ctsm.train ...     # eight ranks, DDP
+    ... --config ml100k optim.lr=0.002 epochs=30 --resume
+
+Every rank reads its own shard and runs the same number of steps; gradients are averaged by the
+backend hvd_ctsm.distributed started (dist.backend); rank 0 alone writes checkpoints, TensorBoard
+(and the MLflow run, hvd_ctsm.tracking) and the final model, the same files whichever backend
+trained. This module is the epoch loop; what one step, a validation or a checkpoint does is
+hvd_ctsm.train.trainer's, shared with the elastic loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from hvd_ctsm import distributed as dist
+from hvd_ctsm.config import TrainConfig
+from hvd_ctsm.data.batches import plan_epoch, prefetch, split_url, train_batches
+from hvd_ctsm.model.checkpoint import CheckpointManager, load_state
+from hvd_ctsm.train import faults
+from hvd_ctsm.train.support import (lr_scale, lr_schedule, make_optimizer, progress_bar,
+                                    rebase_schedule, restore, split_batch, warm_start)
+from hvd_ctsm.train.trainer import Trainer, describe_loss, start_rank
+
+log = logging.getLogger("hvd_ctsm.train")
+
+
+def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) -> dict:
+    trainer = build_trainer(cfg)
+    checkpoints = CheckpointManager(Path(cfg.out) / "checkpoints", cfg.keep_checkpoints)
+    position = start_position(trainer, checkpoints, resume, init_from)
+    trainer.open_logs(resume)
+    bar = progress_bar(dist.is_root() and cfg.progress, trainer.total_steps, position["step"])
+    step, best = position["step"], position["best"]
+    steps_per_epoch = trainer.plan.steps
+    stop_at = min(trainer.total_steps, cfg.max_steps or trainer.total_steps)
+    last_validation = None
+    trainer.model.train()
+    if position["epoch"] < cfg.epochs:
+        batches = epoch_batches(trainer, position["epoch"], skip=position["batch"])
+    upcoming = None  # the next epoch's batches, once its reader is open
+    for epoch in range(position["epoch"], cfg.epochs):
+        done = position["batch"] if epoch == position["epoch"] else 0  # optimizer steps
+        while done < steps_per_epoch and step < stop_at:
+            losses = trainer.step(batches)
+            step, done = step + 1, done + 1
+            if upcoming is None and read_ahead_now(trainer, epoch, done, step, stop_at):
+                upcoming = epoch_batches(trainer, epoch + 1, skip=0)
+            bar.update(1)
+            if step % cfg.log_every_steps == 0 or step == stop_at:
+                trainer.log(step, losses, bar)
+            if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0 \
+                    and done < steps_per_epoch:
+                trainer.checkpoint(checkpoints, {"epoch": epoch, "batch": done, "step": step,
+                                                 "best": best})
+        if done < steps_per_epoch:  # stopped by max_steps: keep the exact position
+            trainer.checkpoint(checkpoints, {"epoch": epoch, "batch": done, "step": step,
+                                             "best": best})
+            break
+        if epoch + 1 < cfg.epochs:
+            batches, upcoming = upcoming or epoch_batches(trainer, epoch + 1, skip=0), None
+        is_best = False
+        if (epoch + 1) % cfg.eval_every_epochs == 0 or epoch + 1 == cfg.epochs:
+            metrics = trainer.validate({"epoch": epoch + 1, "step": step})
+            last_validation = {"epoch": epoch + 1, "step": step, **metrics}
+            is_best = metrics["full"]["ndcg@10"] > best["ndcg@10"]
+            if is_best:
+                best = best | {"ndcg@10": metrics["full"]["ndcg@10"], "epoch": epoch + 1}
+        if trainer.anneal_due(best, epoch + 1):  # before the checkpoint, so a resume keeps it
+            best = best | {"annealed_at": epoch + 1}
+            anneal(trainer, checkpoints, best)
+        trainer.checkpoint(checkpoints, {"epoch": epoch + 1, "batch": 0, "step": step,
+                                         "best": best}, is_best)
+        if trainer.no_longer_improving(best, epoch + 1):
+            log.info("early stop after epoch %d: no better validation since epoch %d",
+                     epoch + 1, best["epoch"])
+            break
+    bar.close()
+    summary = {"steps": step, "steps_per_epoch": steps_per_epoch, "best": best,
+               "validation": last_validation}
+    return trainer.finish(summary, lambda: keep_best_weights(trainer.model, checkpoints, best))
+
+
+def build_trainer(cfg: TrainConfig) -> Trainer:
+    """Model, optimizer and schedule for epochs of `plan_epoch` steps on every rank."""
+    meta, device, model = start_rank(cfg)
+    micro = cfg.dist.backward_passes_per_step
+    plan = plan_epoch(split_url(cfg.data.path, "train"), dist.size(), cfg.data.batch_size * micro,
+                      cfg.data.balance)
+    total_steps = plan.steps * cfg.epochs
+    effective_batch = cfg.data.batch_size * dist.size() * micro
+    scale = lr_scale(cfg.optim, effective_batch)
+    net, optimizer = dist.current().wrap(
+        model, make_optimizer(model, cfg.optim, cfg.optim.lr * scale), cfg.dist)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_schedule(cfg.optim, scale, total_steps))
+    if dist.is_root():
+        log.info("backend=%s ranks=%d steps/epoch=%d (shard rows %s) effective batch=%d "
+                 "lr x%.3g", dist.current().name, dist.size(), plan.steps, plan.rows_per_shard,
+                 effective_batch, scale)
+        log.info(describe_loss(cfg, model))
+        if plan.target_budget:
+            log.info("batches balanced by targets: >= %d per batch (shard targets %s)",
+                     plan.target_budget, plan.targets_per_shard)
+        if plan.by_length:
+            log.info("batches grouped by history length, each padded to its longest")
+    return Trainer(cfg, meta, model, device, optimizer, scheduler, net=net,
+                   effective_batch=effective_batch, total_steps=total_steps, plan=plan)
+
+
+def start_position(trainer: Trainer, checkpoints: CheckpointManager, resume: bool,
+                   init_from: str | None) -> dict:
+    """Where training starts (epoch, batch, step, best): the latest checkpoint's with --resume,
+    else the beginning; every rank leaves with rank 0's weights, optimizer and schedule."""
+    model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
+    position = {"epoch": 0, "batch": 0, "step": 0, "best": {"ndcg@10": float("-inf")}}
+    saved = None
+    if resume:
+        saved = restore(checkpoints, model, optimizer, scheduler, trainer.meta, dist.is_root())
+        position = saved["position"] if saved else position
+    elif init_from:
+        warm_start(model, init_from, dist.is_root())
+    dist.broadcast_state(model, optimizer)
+    position = dist.broadcast_object(position)
+    scheduler.load_state_dict(dist.broadcast_object(scheduler.state_dict()))
+    if resume:
+        position = rebase_schedule(trainer, position)
+    if len(position.get("rng", [])) == dist.size():  # same world size: continue each RNG
+        torch.set_rng_state(position["rng"][dist.rank()])
+    if trainer.average:  # the resumed run's average, else one of the weights training starts from
+        trainer.average.restart(model, dist.broadcast_object(
+            saved.get("weight_average") if saved else None))
+    return position
+
+
+def keep_best_weights(model, checkpoints: CheckpointManager, best: dict) -> int | None:
+    """Load the best validated weights (checkpoints/best.pt) into `model`, so that model.pt is
+    the best model, not the last; returns its epoch (None: never validated, the last is kept)."""
+    path = checkpoints.folder / "best.pt"
+    if "epoch" not in best or not path.exists():
+        return None
+    state = load_state(path)
+    averaged = state.get("weight_average")  # optim.ema_decay: the average was validated
+    model.load_state_dict(averaged["weights"] if averaged else state["model"])
+    return best["epoch"]
+
+
+def anneal(trainer: Trainer, checkpoints: CheckpointManager, best: dict) -> None:
+    """Validation has stalled: every rank goes back to the best validated weights (rank 0's
+    best.pt, broadcast) and trains on at a lower lr."""
+    if dist.is_root():
+        keep_best_weights(trainer.model, checkpoints, best)
+        log.info("no better validation since epoch %d: back to its weights, lr x%g from epoch %d",
+                 best["epoch"], trainer.cfg.anneal_lr_factor, best["annealed_at"])
+    dist.broadcast_state(trainer.model, trainer.optimizer)
+    trainer.lower_lr()
+
+
+def read_ahead_now(trainer: Trainer, epoch: int, done: int, step: int, stop_at: int) -> bool:
+    """Time to open the next epoch's reader: data.read_ahead_steps before this epoch ends (at
+    its end with 0), if there is a next epoch and the run will train in it (max_steps)."""
+    left = trainer.plan.steps - done
+    return (epoch + 1 < trainer.cfg.epochs and left <= trainer.cfg.data.read_ahead_steps
+            and step + left < stop_at)
+
+
+def epoch_batches(trainer: Trainer, epoch: int, skip: int):
+    """This rank's micro-batches of one epoch, produced ahead by a thread that starts now."""
+    cfg, micro = trainer.cfg, trainer.cfg.dist.backward_passes_per_step
+    batches = train_batches(split_url(cfg.data.path, "train"), dist.rank(), dist.size(), epoch,
+                            trainer.plan, cfg.data.batch_size * micro, trainer.model.sizes.max_len,
+                            cfg.seed, cfg.data.shuffle_buffer, skip=skip)
+    batches = prefetch((chunk for big in batches for chunk in split_batch(big, micro)),
+                       cfg.data.prefetch_batches)
+    return faults.delayed(batches, dist.rank(), cfg.debug.step_delay_s)  # a test's slow rank

@@ -1,0 +1,84 @@
+"""The trainer's run folder and the model it continues: what --overwrite may remove, what
+--resume may continue and what --init-from may warm-start.
+
+Checked in `main`, before any worker starts Horovod and before the folder is created.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hvd_ctsm.config import TrainConfig, as_override, to_dict
+from hvd_ctsm.distributed.base import launch_rank
+from hvd_ctsm.files import outputs
+from hvd_ctsm.model.checkpoint import load_state
+from hvd_ctsm.model.ctsm import INIT_ONLY, LEGACY_ARCH, architecture
+
+
+def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str) -> None:
+    """A new run never mixes its checkpoints and logs with an earlier run's, and --overwrite
+    removes only a run folder we wrote (hvd_ctsm.files.outputs), never the dataset or a folder
+    holding it."""
+    try:
+        outputs.check_not_an_input(out, [data])
+        if resume or outputs.is_empty(out):
+            return
+        if not overwrite:
+            raise SystemExit(f"error: {out} already holds a run: pass --resume to continue it "
+                             "or --overwrite to start afresh")
+        outputs.check_replaceable(out, "run", [data])
+    except outputs.UnsafeOutputError as exc:
+        raise SystemExit(f"error: {exc}") from exc
+    if launch_rank() == 0:  # every rank checks; one removes
+        outputs.remove_ours(out)
+
+
+def check_resume_matches(out: Path, cfg: TrainConfig) -> None:
+    """--resume continues the same model: another model shape would fail deep inside loading."""
+    import yaml
+
+    saved = out / "config.yaml"
+    if not saved.exists():
+        return
+    before = (yaml.safe_load(saved.read_text()) or {}).get("model", {})
+    if before:  # a setting the run predates is what it trained with (as CTSM.from_config reads it)
+        before = LEGACY_ARCH | before
+    now = to_dict(cfg)["model"]
+    compared = sorted(k for k in now if k in before and k not in INIT_ONLY)
+    was, asked = _differing(before, now, compared)
+    if was:
+        # The difference may come from a default that changed since (the model's on 2026-11-25),
+        # not from an override: name the overrides that give the saved values back.
+        raise SystemExit(f"error: --resume: {out} holds a run with {was}, this command asks "
+                         f"{asked}: pass {was} to resume it, or train into a new --out")
+
+
+def check_warm_start_matches(path: str, cfg: TrainConfig) -> None:
+    """--init-from (the pipeline's --warm-start) copies weights between equal architectures
+    only: an earlier model of another one would load into the wrong places (another head
+    count, a missing layer left random) without an error. Dropout, loss and loss weights may
+    change; --resume's check (above) allows no change at all."""
+    state = load_state(Path(path))
+    if "config" not in state:  # a model saved before configs were: only its shapes are known
+        return
+    saved = architecture(state["config"]["model"])
+    trained, asked = _differing(saved, architecture(to_dict(cfg)["model"]), saved)
+    if trained:
+        raise SystemExit(f"error: --init-from: {path} was trained as {trained}, this run asks "
+                         f"for {asked}; add the overrides {trained} to continue that model, or "
+                         "leave out --init-from (--warm-start) to train this architecture from "
+                         "scratch")
+
+
+def _differing(before: dict, now: dict, keys) -> tuple[str, str]:
+    """The model settings among `keys` that differ, as overrides: (saved values, asked ones);
+    two empty strings when none does."""
+    differ = [k for k in keys if before[k] != now[k]]
+    return (" ".join(_override(k, before[k]) for k in differ),
+            " ".join(_override(k, now[k]) for k in differ))
+
+
+def _override(key: str, value) -> str:
+    if key == "outputs":  # the heads trained are the keys of model.head_weights
+        return f"model.head_weights with keys {value}"
+    return as_override(f"model.{key}", value)

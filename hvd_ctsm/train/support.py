@@ -1,0 +1,261 @@
+"""The trainer's helpers: learning-rate rules, timers, mixed precision, resume and warm start,
+micro-batches, and the checks a launch passes before any worker starts its backend."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import defaultdict
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+
+from hvd_ctsm import distributed as dist
+from hvd_ctsm.config import ConfigError, OptimConfig, TrainConfig
+from hvd_ctsm.data.batches import model_sizes_kwargs
+from hvd_ctsm.data.dataset_meta import (DatasetMeta, check_same_vocabulary, item_categories,
+                                        item_tags)
+from hvd_ctsm.model.checkpoint import CheckpointManager, load_state
+from hvd_ctsm.model.ctsm import ModelSizes
+from hvd_ctsm.train import faults
+
+log = logging.getLogger("hvd_ctsm.train")
+
+
+def build_model_sizes(meta: DatasetMeta, data_dir: str | None = None, categories: bool = False,
+                      tags: bool = False) -> ModelSizes:
+    """The model's sizes from the dataset's metadata; from data_dir's vocab.json also its
+    items' categories (model.item_category) and tags (model.item_tags) when asked for."""
+    kwargs = model_sizes_kwargs(meta)
+    if categories:
+        kwargs["item_category"] = item_categories(data_dir, meta)
+    if tags:
+        kwargs["item_tags"] = item_tags(data_dir, meta)
+    return ModelSizes(**kwargs)
+
+
+def lr_scale(optim: OptimConfig, effective_batch: int) -> float:
+    """How much the peak lr grows with the effective batch (Goyal et al.: linear; or sqrt)."""
+    ratio = effective_batch / optim.base_batch_size
+    return {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[optim.lr_scaling]
+
+
+def make_optimizer(model: torch.nn.Module, optim: OptimConfig, lr: float) -> torch.optim.AdamW:
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, optim.adam_beta2),
+                             weight_decay=optim.weight_decay)
+
+
+def lr_schedule(optim: OptimConfig, scale: float, total_steps: int):
+    """Multiplier of the scaled lr per step: warm up from the unscaled lr, then cosine decay."""
+    warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
+    start = 1.0 / scale
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return start + (1.0 - start) * step / warmup
+        if optim.decay == "none" or total_steps <= warmup:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return optim.min_lr_ratio + (1.0 - optim.min_lr_ratio) * cosine
+
+    return factor
+
+
+def set_schedule(scheduler, base_lrs: list[float], step: int) -> None:
+    """A LambdaLR schedule from `step` on, with `base_lrs` as its peak lrs (its state carries
+    them, so a resume keeps them)."""
+    scheduler.base_lrs, scheduler.last_epoch = list(base_lrs), step
+    for group, base, rule in zip(scheduler.optimizer.param_groups, scheduler.base_lrs,
+                                 scheduler.lr_lambdas, strict=True):
+        group["lr"] = base * rule(step)
+
+
+class StepTimer:
+    """Wall time per phase (data, forward, backward, allreduce, step), as totals and shares."""
+
+    PHASES = ("data", "forward", "backward", "allreduce", "step")
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.totals = defaultdict(float)
+        self.steps = 0
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[phase] += time.perf_counter() - t0
+            if phase == "step":
+                self.steps += 1
+
+    def mean_step_seconds(self) -> float:
+        return sum(self.totals.values()) / max(self.steps, 1)
+
+    def busy_and_wait(self) -> tuple[float, float]:
+        """Mean seconds per step spent working, and waiting in the gradient allreduce."""
+        wait = self.totals["allreduce"] / max(self.steps, 1)
+        return self.mean_step_seconds() - wait, wait
+
+    def shares(self) -> dict[str, float]:
+        total = sum(self.totals.values()) or 1.0
+        shares = {f"time_share/{p}": self.totals[p] / total for p in self.PHASES}
+        return shares | {"time/step_seconds": self.mean_step_seconds()}
+
+
+def autocast_for(amp: str, device: torch.device):
+    """(autocast context factory, grad scaler). fp32 on CPU; bf16 or fp16 on CUDA."""
+    if device.type != "cuda" or amp == "off":
+        return nullcontext, torch.amp.GradScaler("cpu", enabled=False)
+    if amp == "auto":
+        amp = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+    return (lambda: torch.autocast("cuda", dtype=dtype)), scaler
+
+
+class _NoBar:
+    def update(self, n=1):
+        pass
+
+    def set_postfix(self, **kwargs):
+        pass
+
+    def close(self):
+        pass
+
+
+def progress_bar(enabled: bool, total: int, initial: int):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, desc="train")
+
+
+def restore(checkpoints: CheckpointManager, model, optimizer, scheduler, meta: DatasetMeta,
+            root: bool) -> dict | None:
+    """Rank 0 loads the newest good checkpoint (the others receive it by broadcast).
+
+    Returns the checkpoint (its "position", and "weight_average" with optim.ema_decay), or
+    None when there is nothing to resume from."""
+    if not root:
+        return None
+    state = checkpoints.load_latest()
+    if state is None:
+        log.warning("--resume: no checkpoint in %s, starting from scratch", checkpoints.folder)
+        return None
+    check_same_vocabulary(state, meta, "--resume: the checkpoint", "this dataset",
+                          "use --init-from to warm-start on a new dataset instead")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if "effective_batch" not in state["position"]:  # saved before checkpoints recorded it
+        config = state["config"]
+        state["position"]["effective_batch"] = config["data"]["batch_size"] * len(
+            state["position"]["rng"]) * config["dist"]["backward_passes_per_step"]
+    log.info("resumed from step %d (epoch %d, step %d of the epoch)", state["position"]["step"],
+             state["position"]["epoch"], state["position"]["batch"])
+    return state
+
+
+def rebase_schedule(trainer, position: dict) -> dict:
+    """A resume under another effective batch (other ranks, data.batch_size or micro-steps)
+    than the checkpoint's: an epoch is then another number of steps, and the peak lr scales
+    with the batch (optim.lr_scaling). From the end of an epoch the run goes on from the same
+    epoch with this run's steps, its saved peak lrs (an anneal's factor included) rescaled to
+    this batch; from inside an epoch the rows already trained cannot be told apart under
+    another split, so it is refused. Returns the position to start from."""
+    was, now = position.get("effective_batch", trainer.effective_batch), trainer.effective_batch
+    if was == now:
+        return position
+    cfg = trainer.cfg
+    if position["batch"]:
+        steps, ranks = position["batch"], dist.size()
+        raise SystemExit(
+            f"error: --resume: the latest checkpoint is {steps} step{'s' * (steps != 1)} into "
+            f"epoch {position['epoch'] + 1}, trained with an effective batch of {was} rows; this "
+            f"run's is {now} ({ranks} rank{'s' * (ranks != 1)} x data.batch_size="
+            f"{cfg.data.batch_size}): resume "
+            f"with the ranks and batch size it had (max_steps=N can stop it at the end of an "
+            f"epoch, from where another effective batch can go on), or train into a new --out")
+    rescale = lr_scale(cfg.optim, now) / lr_scale(cfg.optim, was)
+    step = position["epoch"] * trainer.plan.steps
+    set_schedule(trainer.scheduler, [lr * rescale for lr in trainer.scheduler.base_lrs], step)
+    if dist.is_root():
+        log.info("--resume under an effective batch of %d (was %d): epoch %d starts at step %d "
+                 "of %d, peak lr x%.3g", now, was, position["epoch"] + 1, step,
+                 trainer.total_steps, rescale)
+    return position | {"step": step, "effective_batch": now}
+
+
+def warm_start(model, path: str, root: bool) -> None:
+    """Copy an earlier model's weights; item tables grown by a retrain keep the old rows. That
+    it is the same architecture was checked before the workers started
+    (run_folder.check_warm_start_matches)."""
+    if not root:
+        return
+    old = load_state(path)["model"]
+    new = model.state_dict()
+    copied, grown = 0, 0
+    for name, tensor in old.items():
+        if name not in new:
+            continue
+        target = new[name]
+        if target.shape == tensor.shape:
+            target.copy_(tensor)
+            copied += 1
+        elif target.dim() == tensor.dim() and all(
+                t >= o for t, o in zip(target.shape, tensor.shape, strict=True)):
+            target[tuple(slice(0, n) for n in tensor.shape)].copy_(tensor)
+            grown += 1
+        else:
+            raise ValueError(f"--init-from: {name} has shape {tuple(tensor.shape)}, the new model "
+                             f"{tuple(target.shape)}: not a smaller vocabulary of the same model")
+    model.load_state_dict(new)
+    log.info("warm start from %s: %d tensors copied, %d grown (new vocabulary rows)", path,
+             copied, grown)
+
+
+def split_batch(batch: dict, parts: int) -> list[dict]:
+    """One read of parts x batch_size rows -> `parts` micro-batches (backward_passes_per_step)."""
+    if parts == 1:
+        return [batch]
+    rows = batch["item"].shape[0]
+    out = []
+    for i in range(parts):  # every row: batches by targets or length vary in rows
+        lo, hi = i * rows // parts, (i + 1) * rows // parts
+        keep = (batch["target_row"] >= lo) & (batch["target_row"] < hi)
+        part = {k: v[lo:hi] for k, v in batch.items() if not k.startswith("target_")}
+        part |= {k: v[keep] for k, v in batch.items() if k.startswith("target_")}
+        part["target_row"] = part["target_row"] - lo
+        out.append(part)
+    return out
+
+
+def note_restart(out: Path) -> None:
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    log.warning("restart %s by torchrun after a worker failed: resuming from the latest "
+                "checkpoint", count)
+    if dist.launch_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        faults.append_event(out, {"event": "restarted_by_torchrun", "restart": int(count)})
+
+
+def check_launch(cfg: TrainConfig, args) -> None:
+    """The backend can serve this launch (dist.BackendError names the fix otherwise)."""
+    backend = dist.check_config(cfg.dist.backend, cfg.dist)
+    if args.elastic and backend != "horovod":
+        raise dist.BackendError("--elastic is Elastic Horovod (horovodrun); with torchrun use "
+                                "--max-restarts N: restarted workers resume from the latest "
+                                "checkpoint")
+    if args.elastic and cfg.data.balance != "rows":
+        raise ConfigError(f"data.balance={cfg.data.balance} is for the plain route; --elastic "
+                          "batches by rows: drop the setting or --elastic")
