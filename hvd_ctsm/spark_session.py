@@ -6,20 +6,28 @@ from __future__ import annotations
 import os
 import sys
 
-DEFAULT_CONF = {
-    # The UI costs start-up time and a port; nobody looks at it in batch runs or tests.
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
+# The one table of Spark settings. The feature job applies REQUIRED_CONF and RUNTIME_CONF to
+# any session it is given, a notebook's too (spark_jobs.session.job_settings); a session we
+# start gets DEFAULT_CONF, which adds what can only be set before the JVM starts.
+REQUIRED_CONF = {
+    # ISO cutoffs and timestamps are read as UTC whatever the machine's zone is.
+    "spark.sql.session.timeZone": "UTC",
+}
+RUNTIME_CONF = {  # for speed: applied unless the application set them itself
     # The default 200 shuffle partitions are far too many for local runs; AQE coalesces the rest.
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.adaptive.enabled": "true",
-    "spark.driver.memory": "4g",
-    # ISO cutoffs and timestamps are read as UTC whatever the machine's zone is.
-    "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+STARTUP_CONF = {
+    # The UI costs start-up time and a port; nobody looks at it in batch runs or tests.
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.memory": "4g",
     # Parquet writes with Hadoop's committer leave no _SUCCESS noise for Petastorm to trip on.
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
 }
+DEFAULT_CONF = {**STARTUP_CONF, **RUNTIME_CONF, **REQUIRED_CONF}
 
 
 def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **conf):

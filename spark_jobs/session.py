@@ -7,20 +7,11 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
-from hvd_ctsm.spark_session import DEFAULT_CONF, get_spark, resolve_master, under_spark_submit
+from hvd_ctsm.spark_session import (DEFAULT_CONF, REQUIRED_CONF, RUNTIME_CONF, get_spark,
+                                    resolve_master, under_spark_submit)
 
 __all__ = ["DEFAULT_CONF", "get_spark", "resolve_master", "under_spark_submit", "job_settings",
            "check_executors", "ExecutorPythonError"]
-
-# Applied to whatever session the job is given (a notebook's too) for the job's duration
-# (job_settings): what correctness depends on, always; what speed depends on, unless the
-# application set it itself (spark-submit --conf, the notebook's builder).
-REQUIRED_CONF = {"spark.sql.session.timeZone": "UTC"}  # ISO timestamps without a zone are UTC
-RUNTIME_CONF = {
-    "spark.sql.shuffle.partitions": "8",
-    "spark.sql.adaptive.enabled": "true",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-}
 
 
 @contextmanager
