@@ -106,6 +106,9 @@ trainer_backend() {
 has_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
 
 train_launch() {
+    # One check before any launcher starts: a bad value is one line and exit 2 here, instead of
+    # one line per rank and then the launcher's own report of failed workers.
+    step train --check "$@" >/dev/null
     case $(trainer_backend) in
         torch) torchrun_launch --no-python "$VENV/bin/hvd-ctsm" train "$@" ;;
         horovod) hvdrun "$VENV/bin/hvd-ctsm" train "$@" ;;

@@ -49,18 +49,12 @@ def backtest_model(data: str, model: str, gate: str = "", report: str | None = N
                    split: str = "test") -> dict:
     """Offline evaluation against popularity, with the gate applied when one is given
     (report['gate']['passed']); written to `report` (JSON) when a path is given."""
-    import json
-    from pathlib import Path
-
-    from hvd_ctsm.evaluation.backtest import apply_gate, parse_gate, run_backtest
-    from hvd_ctsm.files.atomic import atomic_write_bytes
+    from hvd_ctsm.evaluation.backtest import run_backtest
+    from hvd_ctsm.evaluation.gate import decide, parse_gate
 
     rules = parse_gate(gate)
     result = run_backtest(str(data), str(model), split)
-    result["gate"] = apply_gate(result["model"], rules, None, 0.0) if rules \
-        else {"passed": None, "checks": []}
-    if report:
-        atomic_write_bytes(Path(report), json.dumps(result, indent=2).encode())
+    decide(result, rules, None, 0.0, report, "backtest", echo=False)
     return result
 
 

@@ -10,7 +10,6 @@ HVD_CTSM_BACKENDS=torch (the setup knob that leaves Horovod out) skips the Horov
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -23,6 +22,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
+
+from hvd_ctsm.errors import arg_parser
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -347,7 +348,7 @@ def stdout_to_stderr(enabled: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arg_parser(None, __doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--skip-slow", action="store_true",
                         help="skip the checks that start processes (allreduce, Spark, Petastorm)")

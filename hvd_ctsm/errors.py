@@ -1,22 +1,36 @@
 """One error style for every command: one line naming the problem and the fix, distinct exit codes.
 
-Exit codes (every `python -m hvd_ctsm.*` command):
-    0  done
-    1  refused: a gate failed (backtest, gate) or deploy refused the model; nothing is wrong with
-       the inputs
-    2  bad arguments or input: a missing or damaged dataset or model, a malformed gate, an output
-       that may not be written; the message names the fix
-    3  crashed: a bug or an environment problem; rerun with --debug for the traceback
-(The Spark pipeline keeps its own: 1 a step failed, 2 bad arguments, 3 the gate refused.)
+The exit codes of every program (`hvd-ctsm STEP`, `python -m hvd_ctsm.*`, the feature job, the
+Spark pipeline, and `./run.sh` around torchrun and horovodrun) are EXIT_CODES below.
 `--debug` anywhere on a command line shows the full traceback instead of the one line.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
+EXIT_CODES = """exit codes:
+  0  done
+  1  refused by a gate or a check: the backtest's or gate's rule, deploy's checks; nothing is
+     wrong with the inputs
+  2  bad arguments or input: a bad config value, a missing or damaged dataset or model, an output
+     that may not be written; the one-line message names the fix
+  3  crashed: a bug or an environment problem; rerun with --debug for the traceback"""
+
+
+def arg_parser(prog: str | None, description: str) -> argparse.ArgumentParser:
+    """A program's parser, its --help ending with the exit codes."""
+    return argparse.ArgumentParser(prog=prog, description=description, epilog=EXIT_CODES,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """2 for what the user can fix in the command line or the input, else 3."""
+    return EXIT_BAD_INPUT if isinstance(exc, (PermissionError, *_bad_input_types())) \
+        else EXIT_CRASH
 
 
 def _bad_input_types() -> tuple[type[BaseException], ...]:

@@ -25,10 +25,11 @@ from pyspark.sql import functions as F
 
 import hvd_ctsm
 from hvd_ctsm.data.schema import OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT
+from hvd_ctsm.errors import EXIT_BAD_INPUT, EXIT_CRASH, arg_parser, one_line
 from hvd_ctsm.files import outputs, storage
 from spark_jobs import attributes, sequences, split, validate, vocab, write
 from spark_jobs.config import FeatureConfig, parse_time
-from spark_jobs.sources import SourceError, load_source
+from spark_jobs.sources import load_source
 
 
 def code_version() -> str:
@@ -91,6 +92,15 @@ def _check_serving_rows(stats: dict, clients: int) -> None:
     rows = stats[SERVING_SPLIT]["rows"] if SERVING_SPLIT in stats else 0
     if rows != clients:
         raise RuntimeError(f"row accounting: {clients} clients but {rows} serving rows")
+
+
+def check_output(config: FeatureConfig) -> None:
+    """Refuse an --out the job may not write (an input, someone else's folder, an existing URL)
+    before any work; the job checks again when it writes."""
+    if storage.is_remote(config.out):
+        outputs.check_new_url(config.out, input_paths(config))
+    else:
+        outputs.check_output(Path(config.out), config.overwrite, "features", input_paths(config))
 
 
 def input_paths(config: FeatureConfig) -> list[str]:
@@ -250,7 +260,7 @@ def summary_table(summary: dict) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="hvd-ctsm-features", description=__doc__.split("\n")[0])
+    p = arg_parser("hvd-ctsm-features", __doc__.split("\n")[0])
     p.add_argument(
         "--source", required=True,
         help="movielens:DIR | synthetic:k=v,... | events:PATH-OR-URL | table:NAME | delta:PATH",
@@ -307,19 +317,19 @@ def main(argv=None) -> int:
         config = config_from_args(args)
     except ValueError as err:
         print(f"hvd-ctsm-features: bad arguments: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     from spark_jobs.session import ExecutorPythonError, get_spark
 
-    conf = dict(kv.split("=", 1) for kv in args.conf)
-    spark = get_spark(master=args.master, **conf)
-    try:
+    try:  # an output we may not write stops here, before Spark starts (about 10 s)
+        check_output(config)
+        spark = get_spark(master=args.master, **dict(kv.split("=", 1) for kv in args.conf))
         summary = build_features(spark, config)
-    except (SourceError, storage.StorageError, validate.SchemaError) as err:  # bad input: 2
+    except ExecutorPythonError as err:  # the executors' Python cannot run the job: 3
         print(f"hvd-ctsm-features: error: {err}", file=sys.stderr)
-        return 2
-    except (ValueError, FileNotFoundError, FileExistsError, ExecutorPythonError) as err:
-        print(f"hvd-ctsm-features: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
+        return EXIT_CRASH
+    except (ValueError, FileNotFoundError, FileExistsError, PermissionError) as err:
+        print(f"hvd-ctsm-features: error: {one_line(err)}", file=sys.stderr)  # bad input: 2
+        return EXIT_BAD_INPUT
     print(summary_table(summary))
     for warning in summary["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)

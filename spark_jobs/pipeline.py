@@ -6,21 +6,21 @@
     run_pipeline(spark, PipelineConfig(...))      # from a notebook with its own session
 
 Re-runnable: when REGISTRY already has a deployed model, the features extend its vocabulary
-(every known id keeps its index) and `--warm-start` starts training from its weights. Exit codes:
-0 deployed, 1 a step failed (its name and error are printed), 2 bad arguments, 3 the gate refused
-(nothing is deployed). WORK/pipeline.json records each step's outcome and seconds.
+(every known id keeps its index) and `--warm-start` starts training from its weights. Exit codes
+are every program's (hvd_ctsm.errors.EXIT_CODES): 0 deployed, 1 the gate refused (nothing is
+deployed), 2 bad arguments or input (a step refused it: its name and the error are printed),
+3 a step crashed. WORK/pipeline.json records each step's outcome and seconds.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-EXIT_STEP_FAILED, EXIT_BAD_ARGS, EXIT_GATE_REFUSED = 1, 2, 3
+from hvd_ctsm.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, exit_code_for
 
 
 @dataclass
@@ -35,8 +35,8 @@ class PipelineConfig:
     """Model registry (hvd_ctsm.serving.deploy): read for the previous vocabulary, written on
     success."""
     gate: str = "ndcg@10>=0.05"
-    """Deploy gate (hvd_ctsm.evaluation.backtest syntax); the pipeline stops with exit code 3 below
-    it."""
+    """Deploy gate (hvd_ctsm.evaluation.backtest syntax); below it the pipeline deploys nothing
+    and exits 1."""
     num_proc: int = 2
     """Horovod ranks, one Spark task each (the application needs that many task slots)."""
     config: str = "default"
@@ -59,7 +59,7 @@ class PipelineConfig:
             raise ValueError(f"row_groups {self.row_groups} < num_proc {self.num_proc}: some "
                              "ranks would get no rows")
         from hvd_ctsm.config import config_from_argv
-        from hvd_ctsm.evaluation.backtest import parse_gate
+        from hvd_ctsm.evaluation.gate import parse_gate
 
         if not parse_gate(self.gate):
             raise ValueError("gate must name at least one rule, e.g. 'ndcg@10>=0.05'")
@@ -72,6 +72,7 @@ class StepFailed(RuntimeError):
     def __init__(self, step: str, error: BaseException):
         super().__init__(f"step {step!r} failed: {type(error).__name__}: {error}")
         self.step = step
+        self.exit_code = exit_code_for(error)
 
 
 class Steps:
@@ -145,19 +146,19 @@ def run_pipeline(spark, cfg: PipelineConfig) -> int:
             steps.finish("gate refused: nothing deployed")
             print(f"[pipeline] the gate {cfg.gate!r} refused the model: nothing deployed "
                   f"(report: {report})", file=sys.stderr)
-            return EXIT_GATE_REFUSED
+            return EXIT_REFUSED
         version = steps.run("deploy", deploy.deploy, model, report, cfg.registry)
     except StepFailed as exc:
         steps.finish(str(exc))
         print(f"[pipeline] {exc}", file=sys.stderr)
-        return EXIT_STEP_FAILED
+        return exc.exit_code
     steps.finish(f"deployed {version}")
     print(f"[pipeline] deployed {version}")
-    return 0
+    return EXIT_OK
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="pipeline", description=__doc__.splitlines()[0])
+    p = arg_parser("pipeline", __doc__.splitlines()[0])
     p.add_argument("--source", required=True, help="movielens:DIR, synthetic:k=v,.. or events:PATH")
     p.add_argument("--work", required=True, help="folder for this run's outputs")
     p.add_argument("--registry", required=True, help="model registry folder")
@@ -182,7 +183,7 @@ def main(argv=None) -> int:
                              split=args.split, max_len=args.max_len, row_groups=args.row_groups)
     except ValueError as exc:
         print(f"pipeline: bad arguments: {exc}", file=sys.stderr)
-        return EXIT_BAD_ARGS
+        return EXIT_BAD_INPUT
     from spark_jobs.session import get_spark, resolve_master
 
     # Under spark-submit the master comes from its --master (the JVM is already configured).

@@ -37,12 +37,12 @@ def _partition_scorer(model_bytes, items, k: int):
 
         import torch
 
-        from hvd_ctsm.evaluation.backtest import model_from_state
+        from hvd_ctsm.model.ctsm import CTSM
         from hvd_ctsm.serving.score import score_rows
 
         torch.set_num_threads(1)  # one partition per core already
         state = torch.load(io.BytesIO(model_bytes.value), map_location="cpu", weights_only=True)
-        yield from score_rows(model_from_state(state), rows, k, items.value)
+        yield from score_rows(CTSM.from_checkpoint(state), rows, k, items.value)
 
     return score_partition
 

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from hvd_ctsm import cli
+from hvd_ctsm.errors import EXIT_CODES
 from tests.conftest import REPO
 
 STEPS = ["features", "train", "backtest", "gate", "deploy", "score", "pipeline", "doctor", "bench"]
@@ -31,7 +32,8 @@ def test_every_step_answers_help_with_its_own_options(step, capsys):
     with pytest.raises(SystemExit) as done:
         cli.main([step, "--help"])
     assert done.value.code == 0
-    assert "usage:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "usage:" in out and EXIT_CODES in out  # every step's help ends with the one table
 
 
 def test_train_prints_the_resolved_config_and_refuses_a_bad_value_before_starting(tmp_path,
@@ -74,3 +76,58 @@ def test_version_names_the_installed_release(capsys):
 
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"hvd-ctsm {metadata.version('hvd_ctsm')}"
+
+
+@pytest.mark.parametrize("backend", ["torch", "horovod"])
+def test_run_sh_train_checks_once_before_any_launcher_starts(backend, tmp_path):
+    """A bad value or a missing dataset under ./run.sh train: one line and exit 2, from the one
+    check before torchrun or horovodrun starts (before: the line once per rank, then torchrun's
+    43-line ChildFailedError or Horovod's 31 lines, and exit 1)."""
+    env = {**os.environ, "NP": "2", "BACKEND": backend}
+    features = tmp_path / "features"
+    features.mkdir()
+    cases = {"epochs=1.5 has the wrong type": ["--data", str(features), "epochs=1.5"],
+             "is not a folder": ["--data", str(tmp_path / "no-such-features")],
+             "metadata.json not found": ["--data", str(features)]}
+    for says, args in cases.items():
+        proc = subprocess.run(["./run.sh", "train", *args, "--out", str(tmp_path / "run")],
+                              cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert not (tmp_path / "run").exists()
+
+
+def test_train_check_starts_nothing_and_removes_nothing(tiny_features, tmp_path, capsys):
+    """--check makes every check a rank makes first, --overwrite's included, and touches
+    nothing: the run folder --overwrite would replace is still there afterwards."""
+    from hvd_ctsm.files import outputs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    outputs.mark(run, "run")
+    (run / "train_log.jsonl").write_text("{}\n")
+    args = ["train", "--data", str(tiny_features), "--out", str(run), "--check"]
+    with pytest.raises(SystemExit, match="already holds a run: pass --resume"):
+        cli.main(args)
+    assert cli.main([*args, "--overwrite"]) == 0
+    assert capsys.readouterr().out.strip() == f"ok: {tiny_features} -> {run}"
+    assert (run / "train_log.jsonl").read_text() == "{}\n"
+
+
+def test_the_feature_job_refuses_its_output_before_starting_spark(tmp_path, monkeypatch, capsys):
+    """An --out the job may not write is exit 2 (bad input, as for every program) and costs no
+    Spark start (before: exit 1 after about 10 s of Spark)."""
+    import spark_jobs.session
+    from spark_jobs.build_features import main
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("years of work")
+    monkeypatch.setattr(spark_jobs.session, "get_spark",
+                        lambda **kwargs: pytest.fail("Spark started before the output check"))
+    source = ["--source", "synthetic:clients=10,items=5,events=50"]
+    assert main([*source, "--out", str(theirs)]) == 2
+    assert "exists; pass --overwrite" in capsys.readouterr().err
+    assert main([*source, "--out", str(theirs), "--overwrite"]) == 2
+    assert "not written by hvd_ctsm" in capsys.readouterr().err
+    assert (theirs / "notes.txt").read_text() == "years of work"

@@ -4,6 +4,7 @@ import pytest
 
 from hvd_ctsm.config import (ConfigError, TrainConfig, config_from_argv, from_dict, load_config,
                              preset_names)
+from hvd_ctsm.errors import EXIT_BAD_INPUT
 
 
 def test_preset_and_overrides():
@@ -115,7 +116,7 @@ def test_the_spark_pipeline_refuses_a_bad_trainer_value_before_any_step(tmp_path
 
     code = pipeline.main(["--source", "synthetic:clients=10", "--work", str(tmp_path / "work"),
                           "--registry", str(tmp_path / "registry"), "epochs=3.7"])
-    assert code == pipeline.EXIT_BAD_ARGS
+    assert code == EXIT_BAD_INPUT
     assert "epochs=3.7 has the wrong type: expected int" in capsys.readouterr().err
     assert not (tmp_path / "work").exists()  # no Spark, no feature step, no worker
 

@@ -134,7 +134,7 @@ def test_features_on_s3_train_under_horovod_and_score_back_to_s3(spark, s3, tmp_
     assert summary["out"] == url
     assert s3.isfile("ctsm/features/metadata.json") and len(s3.ls("ctsm/features/train")) >= 2
     assert main(["--source", "synthetic:clients=20,items=10,events=300,seed=1",  # never replaced
-                 "--out", url, "--overwrite"]) == 1
+                 "--out", url, "--overwrite"]) == 2
     assert "never replaced" in capsys.readouterr().err
 
     run = tmp_path / "run"

@@ -87,7 +87,7 @@ def test_features_overwrite_of_the_folder_holding_the_input_refuses(spark, tmp_p
     for out in (raw, tmp_path):
         code = features_main(["--source", f"events:{events}", "--out", str(out), "--overwrite",
                               "--master", "local[2]"])
-        assert code == 1
+        assert code == 2
         assert "lies inside the input" in capsys.readouterr().err
     assert events.read_text().startswith("client_id,item_id")
 

@@ -42,7 +42,7 @@ def test_pipeline_deploys_then_a_refusing_gate_deploys_nothing(tmp_path):
     # The retrain extends the deployed vocabulary, warm-starts from the deployed model, and an
     # impossible gate stops it: non-zero exit, the registry unchanged.
     second = submit(tmp_path / "run2", registry, "ndcg@10>=1.01", "--warm-start")
-    assert second.returncode == 3, second.stdout[-3000:] + second.stderr[-3000:]
+    assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]
     assert deploy.current(registry) == version and len(list(registry.glob("v*"))) == 1
     meta = json.loads((tmp_path / "run2" / "features" / "metadata.json").read_text())
     assert meta["previous_vocab"] == str(version / "vocab.json")
@@ -60,7 +60,7 @@ def test_a_failing_step_exits_non_zero_and_names_it(tmp_path):
     code = main(["--source", "events:" + str(tmp_path / "missing.parquet"), "--work",
                  str(tmp_path / "run"), "--registry", str(tmp_path / "registry"),
                  "--master", "local[2]"])
-    assert code == 1
+    assert code == 2  # a missing input: bad input, as every program says it
     record = json.loads((tmp_path / "run" / "pipeline.json").read_text())
     assert record["steps"][0]["step"] == "features" and record["steps"][0]["outcome"] == "failed"
     assert not (tmp_path / "registry").exists()

@@ -88,8 +88,8 @@ def top_items(path) -> dict:
 
 
 def test_scores_start_from_each_clients_latest_event(tiny_features, model_run, tmp_path, caplog):
-    from hvd_ctsm.evaluation.backtest import model_from_state
     from hvd_ctsm.model.checkpoint import load_state
+    from hvd_ctsm.model.ctsm import CTSM
 
     serving = {r["client_id"]: r for r in read_split(tiny_features / SERVING_SPLIT)}
     test = {r["client_id"]: r for r in read_split(tiny_features / "test")}
@@ -98,7 +98,7 @@ def test_scores_start_from_each_clients_latest_event(tiny_features, model_run, t
     for c in clients:  # the held-out last event is the serving history's newest event
         assert serving[c]["item"][-1] == test[c]["target_item"][0]
         assert serving[c]["timestamp"][-1] == test[c]["target_time"][0]
-    model = model_from_state(load_state(score.resolve_model(model_run)))
+    model = CTSM.from_checkpoint(load_state(score.resolve_model(model_run)))
     states = {name: score.client_states(model, [SimpleNamespace(**rows[c]) for c in clients],
                                         model.sizes.max_len)
               for name, rows in (("serving", serving), ("test", test))}

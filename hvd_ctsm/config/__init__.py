@@ -24,6 +24,7 @@ import yaml
 
 from hvd_ctsm.config.model_config import ModelConfig
 from hvd_ctsm.config.types import ConfigError, build, check, one_of
+from hvd_ctsm.errors import arg_parser
 
 
 @dataclass
@@ -321,7 +322,7 @@ def config_yaml(cfg: TrainConfig) -> str:
 
 def train_arg_parser(prog: str = "hvd-ctsm train") -> argparse.ArgumentParser:
     """The trainer's options, shared by every route (horovodrun, elastic, Spark, the CLI)."""
-    p = argparse.ArgumentParser(prog=prog, description="Train a CTSM on one rank or many.")
+    p = arg_parser(prog, "Train a CTSM on one rank or many.")
     p.add_argument("overrides", nargs="*", help="section.field=value, e.g. optim.lr=0.002")
     p.add_argument("--config", help=f"YAML file or preset name ({', '.join(preset_names())})")
     p.add_argument("--data", help="feature job output folder (data.path)")
@@ -335,6 +336,9 @@ def train_arg_parser(prog: str = "hvd-ctsm train") -> argparse.ArgumentParser:
                         "--host-discovery-script); see hvd_ctsm/train/elastic.py")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved config (YAML) and exit; starts nothing")
+    p.add_argument("--check", action="store_true",
+                   help="check the config, the dataset and the run folder, then exit 0; starts "
+                        "nothing (./run.sh train does this once before its launcher)")
     return p
 
 

@@ -11,85 +11,18 @@ Gate metrics name the full-ranking protocol by default (`ndcg@10`, `hr@10`, `mrr
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
-import operator
-import re
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from hvd_ctsm import tracking
 from hvd_ctsm.data.batches import eval_batches, split_url
 from hvd_ctsm.data.dataset_meta import DatasetMeta, check_same_vocabulary, read_metadata
+from hvd_ctsm.errors import arg_parser
+from hvd_ctsm.evaluation import gate
 from hvd_ctsm.evaluation.evaluate import Popularity, evaluate, model_scorer, paired_differences
-from hvd_ctsm.files.atomic import atomic_write_bytes
-from hvd_ctsm.model.checkpoint import load_state
-from hvd_ctsm.model.ctsm import CTSM
-
-OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
-GATE = re.compile(r"^\s*([a-z_]+\.)?([a-z_]+(?:@\d+)?)\s*(>=|<=|>|<)\s*([0-9.eE+-]+)\s*$")
-
-
-def model_file(path: str | Path) -> Path:
-    path = Path(path)
-    return path / "model.pt" if path.is_dir() else path
-
-
-def load_model(path: str | Path) -> tuple[CTSM, dict]:
-    state = load_state(model_file(path))
-    return model_from_state(state), state
-
-
-def model_from_state(state: dict) -> CTSM:
-    """The CTSM saved in a model.pt state (as loaded by checkpoint.load_state), in eval mode."""
-    return CTSM.from_checkpoint(state)
-
-
-def parse_gate(text: str) -> list[tuple[str, str, str, float]]:
-    rules = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        match = GATE.match(part)
-        if not match:
-            raise ValueError(f"gate {part!r}: expected e.g. 'ndcg@10>=0.05' or 'sampled.hr@10>0.5'")
-        protocol = (match.group(1) or "full.").rstrip(".")
-        if protocol not in ("full", "sampled", "sale"):
-            raise ValueError(f"gate {part!r}: protocol must be full, sampled or sale")
-        rules.append((protocol, match.group(2), match.group(3), float(match.group(4))))
-    return rules
-
-
-def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) -> dict:
-    checks = []
-    for protocol, name, op, threshold in rules:
-        value = metrics.get(protocol, {}).get(name)
-        if value is None:
-            raise ValueError(f"gate: no metric {protocol}.{name} in the report")
-        checks.append({"rule": f"{protocol}.{name}{op}{threshold}", "value": value,
-                       "passed": bool(OPS[op](value, threshold))})
-    if champion is not None:
-        theirs = champion["model"]["full"]["ndcg@10"]
-        ours = metrics["full"]["ndcg@10"]
-        checks.append({"rule": f"full.ndcg@10 >= champion {theirs:.5f} - {tolerance}",
-                       "value": ours, "passed": bool(ours >= theirs - tolerance)})
-    return {"passed": all(c["passed"] for c in checks), "checks": checks}
-
-
-def load_champion(ref: str | None, model_path: str | Path) -> dict | None:
-    """The champion's report for the gate: a report file (REGISTRY/current/backtest.json), or
-    models:/NAME@champion from the MLflow registry (the store of the model's run; None and a
-    note when no version holds the alias yet: the first deploy has nothing to beat)."""
-    if not ref:
-        return None
-    if not ref.startswith("models:/"):
-        return json.loads(Path(ref).read_text())
-    champion = tracking.champion_report(ref, model_file(model_path).parent)
-    if champion is None:
-        print(f"no model version holds {ref} yet: the champion rule is skipped")
-    return champion
+from hvd_ctsm.model.checkpoint import load_model, model_file
 
 
 def evaluate_model(data: str, meta: DatasetMeta, model_path: str, split: str, seed: int):
@@ -152,8 +85,7 @@ def print_table(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hvd_ctsm.evaluation.backtest",
-                                description=__doc__.splitlines()[0])
+    p = arg_parser("hvd_ctsm.evaluation.backtest", __doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="feature job output folder")
     p.add_argument("--model", required=True, help="run folder or model.pt")
     p.add_argument("--report", required=True, help="where the JSON report goes")
@@ -166,19 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", help="another run (e.g. trained with --config sasrec) to "
                                       "report beside the model on the same targets")
     args = p.parse_args(argv)
-    rules = parse_gate(args.gate)  # a malformed gate fails before the slow part
+    rules = gate.parse_gate(args.gate)  # a malformed gate fails before the slow part
     report = run_backtest(args.data, args.model, args.split, args.seed, args.baseline)
-    champion = load_champion(args.champion, args.model)
-    report["gate"] = apply_gate(report["model"], rules, champion, args.tolerance) \
-        if (rules or champion) else {"passed": None, "checks": []}
-    atomic_write_bytes(Path(args.report), json.dumps(report, indent=2).encode())
-    tracking.log_report(model_file(args.model).parent, args.report, report, "backtest")
+    champion = gate.load_champion(args.champion, args.model)
     print_table(report)
-    for check in report["gate"]["checks"]:
-        print(f"gate {'PASS' if check['passed'] else 'FAIL'}: {check['rule']} "
-              f"(value {check['value']:.5f})")
+    passed = gate.decide(report, rules, champion, args.tolerance, args.report, "backtest")
     print(f"report: {args.report}")
-    return 1 if report["gate"]["passed"] is False else 0
+    return 1 if passed is False else 0
 
 def cli() -> None:
     from hvd_ctsm.errors import run_cli

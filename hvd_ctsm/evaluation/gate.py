@@ -1,4 +1,4 @@
-"""The deploy gate as its own step: apply rules to an existing backtest report.
+"""The deploy gate: its rules, and the step that applies them to an existing backtest report.
 
     python -m hvd_ctsm.evaluation.gate --report RUN/backtest.json --gate 'ndcg@10>=0.05' \
         [--champion registry/current/backtest.json --tolerance 0.005]
@@ -7,26 +7,90 @@
 The decision also goes to the model's MLflow run when it was tracked (hvd_ctsm.tracking).
 
 The decision is written into the report (its `gate` field, atomically), where
-hvd_ctsm.serving.deploy
-reads it. Exit code 0 when the gate passes, 1 when it refuses (a DAG stops there), 2 on a
-malformed gate or report.
+hvd_ctsm.serving.deploy reads it; `decide` is the one apply-write-print, shared by this step,
+the backtest and the notebook API. Exit code 0 when the gate passes, 1 when it refuses (a DAG
+stops there), 2 on a malformed gate or report.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import operator
+import re
 import sys
 from pathlib import Path
 
 from hvd_ctsm import tracking
-from hvd_ctsm.evaluation.backtest import apply_gate, load_champion, parse_gate
+from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.files.atomic import atomic_write_bytes
+from hvd_ctsm.model.checkpoint import model_file
+
+OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+GATE = re.compile(r"^\s*([a-z_]+\.)?([a-z_]+(?:@\d+)?)\s*(>=|<=|>|<)\s*([0-9.eE+-]+)\s*$")
+
+
+def parse_gate(text: str) -> list[tuple[str, str, str, float]]:
+    rules = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        match = GATE.match(part)
+        if not match:
+            raise ValueError(f"gate {part!r}: expected e.g. 'ndcg@10>=0.05' or 'sampled.hr@10>0.5'")
+        protocol = (match.group(1) or "full.").rstrip(".")
+        if protocol not in ("full", "sampled", "sale"):
+            raise ValueError(f"gate {part!r}: protocol must be full, sampled or sale")
+        rules.append((protocol, match.group(2), match.group(3), float(match.group(4))))
+    return rules
+
+
+def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) -> dict:
+    checks = []
+    for protocol, name, op, threshold in rules:
+        value = metrics.get(protocol, {}).get(name)
+        if value is None:
+            raise ValueError(f"gate: no metric {protocol}.{name} in the report")
+        checks.append({"rule": f"{protocol}.{name}{op}{threshold}", "value": value,
+                       "passed": bool(OPS[op](value, threshold))})
+    if champion is not None:
+        theirs = champion["model"]["full"]["ndcg@10"]
+        ours = metrics["full"]["ndcg@10"]
+        checks.append({"rule": f"full.ndcg@10 >= champion {theirs:.5f} - {tolerance}",
+                       "value": ours, "passed": bool(ours >= theirs - tolerance)})
+    return {"passed": all(c["passed"] for c in checks), "checks": checks}
+
+
+def load_champion(ref: str | None, model_path: str | Path) -> dict | None:
+    """The champion's report for the gate: a report file (REGISTRY/current/backtest.json), or
+    models:/NAME@champion from the MLflow registry (the store of the model's run; None and a
+    note when no version holds the alias yet: the first deploy has nothing to beat)."""
+    if not ref:
+        return None
+    if not ref.startswith("models:/"):
+        return json.loads(Path(ref).read_text())
+    champion = tracking.champion_report(ref, model_file(model_path).parent)
+    if champion is None:
+        print(f"no model version holds {ref} yet: the champion rule is skipped")
+    return champion
+
+
+def decide(report: dict, rules, champion: dict | None, tolerance: float,
+           path: str | Path | None, step: str, echo: bool = True) -> bool | None:
+    """Apply the gate to `report` (its `gate` field: passed None when there is no rule and no
+    champion), write the report to `path` atomically, add it to the model's MLflow run, print
+    each check; returns the decision."""
+    report["gate"] = apply_gate(report["model"], rules, champion, tolerance) \
+        if (rules or champion) else {"passed": None, "checks": []}
+    if path:
+        atomic_write_bytes(Path(path), json.dumps(report, indent=2).encode())
+        tracking.log_report(model_file(report.get("model_path", ".")).parent, str(path), report,
+                            step)
+    for check in report["gate"]["checks"] if echo else ():
+        print(f"gate {'PASS' if check['passed'] else 'FAIL'}: {check['rule']} "
+              f"(value {check['value']:.5f})")
+    return report["gate"]["passed"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hvd_ctsm.evaluation.gate",
-                                description=__doc__.splitlines()[0])
+    p = arg_parser("hvd_ctsm.evaluation.gate", __doc__.splitlines()[0])
     p.add_argument("--report", required=True, help="a report written by "
                                                        "hvd_ctsm.evaluation.backtest")
     p.add_argument("--gate", required=True, help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'")
@@ -40,16 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         champion = load_champion(args.champion, Path(report.get("model_path", ".")).parent)
         if not rules and champion is None:
             raise ValueError("the gate names no rule (e.g. 'ndcg@10>=0.05')")
-        report["gate"] = apply_gate(report["model"], rules, champion, args.tolerance)
+        apply_gate(report["model"], rules, champion, args.tolerance)  # bad report: exit 2
     except (ValueError, KeyError, OSError) as exc:
         print(f"hvd_ctsm.evaluation.gate: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    atomic_write_bytes(Path(args.report), json.dumps(report, indent=2).encode())
-    tracking.log_report(Path(report.get("model_path", ".")).parent, args.report, report, "gate")
-    for check in report["gate"]["checks"]:
-        print(f"gate {'PASS' if check['passed'] else 'FAIL'}: {check['rule']} "
-              f"(value {check['value']:.5f})")
-    return 0 if report["gate"]["passed"] else 1
+    return 0 if decide(report, rules, champion, args.tolerance, args.report, "gate") else 1
 
 
 if __name__ == "__main__":

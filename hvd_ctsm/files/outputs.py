@@ -156,17 +156,20 @@ def remove_stale_temps(out: str | Path) -> list[Path]:
     return removed
 
 
-def staging_dir(out: Path, overwrite: bool, kind: str = "features", inputs=()) -> Path:
-    """A fresh temporary sibling of `out` to build the whole output in (checked before work).
-
-    `out` must not overlap `inputs`; an existing `out` is replaced only with `overwrite` and only
-    when it is ours (check_replaceable). Temp folders of killed runs for the same `out` go first.
-    """
+def check_output(out: Path, overwrite: bool, kind: str, inputs=()) -> None:
+    """Stop unless `out` may be written: it overlaps no input, and an existing `out` is replaced
+    only with `overwrite` and only when it is ours (check_replaceable). Creates nothing."""
     check_not_an_input(out, inputs)
     if out.exists() and not overwrite:
         raise OutputExistsError(f"output {out} exists; pass --overwrite to replace it")
     if overwrite:
         check_replaceable(out, kind, inputs)
+
+
+def staging_dir(out: Path, overwrite: bool, kind: str = "features", inputs=()) -> Path:
+    """A fresh temporary sibling of `out` to build the whole output in (checked before work:
+    check_output). Temp folders of killed runs for the same `out` go first."""
+    check_output(out, overwrite, kind, inputs)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out)
     stage = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")

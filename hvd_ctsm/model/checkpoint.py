@@ -28,6 +28,25 @@ class CheckpointError(RuntimeError):
     pass
 
 
+def model_file(path: str | Path) -> Path:
+    """Where a model is, however it is named: a registry (its `current` version, the pointer
+    hvd_ctsm.serving.deploy writes), a run or version folder, or a model.pt itself."""
+    path = Path(path)
+    pointer = path / "current"
+    if pointer.is_file():
+        path = path / pointer.read_text().strip()
+    return path / "model.pt" if path.is_dir() else path
+
+
+def load_model(path: str | Path):
+    """The one model loader: (the CTSM in eval mode, its saved state) from any of model_file's
+    names. Every consumer (backtest, scoring, the pyfunc flavour, Spark executors) loads here."""
+    from hvd_ctsm.model.ctsm import CTSM
+
+    state = load_state(model_file(path))
+    return CTSM.from_checkpoint(state), state
+
+
 def save_state(path: Path, state: dict) -> str:
     """Save `state` with torch.save, atomically, plus a checksum file; returns the sha256."""
     import io

@@ -18,7 +18,6 @@ registry stays the offline fallback: scoring and --warm-start read it, with or w
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -28,8 +27,9 @@ import tempfile
 from pathlib import Path
 
 from hvd_ctsm import tracking
-from hvd_ctsm.evaluation.backtest import model_file
+from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.files.atomic import atomic_write_bytes
+from hvd_ctsm.model.checkpoint import model_file
 
 
 class DeployRefused(RuntimeError):
@@ -145,7 +145,7 @@ def current(registry: str | Path) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hvd_ctsm.serving.deploy", description=__doc__.splitlines()[0])
+    p = arg_parser("hvd_ctsm.serving.deploy", __doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="run folder or model.pt")
     p.add_argument("--report", required=True, help="the backtest report with a passed gate")
     p.add_argument("--registry", required=True, help="model registry folder")

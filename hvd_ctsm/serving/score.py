@@ -21,7 +21,6 @@ had gets them all and is counted as `short`.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -33,7 +32,9 @@ from pathlib import Path
 
 from hvd_ctsm.data.batches import DatasetError
 from hvd_ctsm.data.schema import SERVING_SPLIT
+from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.files import storage
+from hvd_ctsm.model.checkpoint import model_file
 from hvd_ctsm.model.topk import client_states  # noqa: F401  (the scoring core, re-exported)
 from hvd_ctsm.model.topk import score_rows
 
@@ -52,13 +53,8 @@ class ModelRefError(ScoringError):
 
 
 def resolve_model(path: str | Path) -> Path:
-    """A registry folder (its current version), a run folder or a model.pt -> the model.pt."""
-    from hvd_ctsm.evaluation.backtest import model_file
-    from hvd_ctsm.serving.deploy import current
-
-    path = Path(path)
-    if (path / "current").exists():
-        path = current(path)
+    """A registry folder (its current version), a run folder or a model.pt -> the model.pt,
+    which must exist."""
     found = model_file(path)
     if not found.exists():
         raise ScoringError(f"no model at {path}: pass a registry, a run folder or a model.pt")
@@ -182,8 +178,7 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
     """Score every client of `data`'s split (default: scoring_split) with the model (a path or
     a models:/ URI, see model_source); write `out`; return a summary (which names the split)."""
     from hvd_ctsm.data.batches import open_reader, split_url
-    from hvd_ctsm.evaluation.backtest import model_from_state
-    from hvd_ctsm.model.checkpoint import load_state
+    from hvd_ctsm.model.checkpoint import load_model
 
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
@@ -192,9 +187,8 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
     split = scoring_split(data, split)
     url = split_url(data, split)  # a damaged or incomplete dataset stops here
     with model_source(model_path, data, tracking_uri) as path:
-        state = load_state(path)
+        model, state = load_model(path)
     items = load_vocab_items(data, state)
-    model = model_from_state(state)
     with open_reader(url, 0, 1, seed=None, shuffle=False) as reader:
         rows = list(reader)
     records = list(score_rows(model, rows, k, items))
@@ -204,7 +198,7 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hvd_ctsm.serving.score", description=__doc__.splitlines()[0])
+    p = arg_parser("hvd_ctsm.serving.score", __doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="feature job output folder or URL (s3://...)")
     p.add_argument("--model", required=True,
                    help="registry, run folder, model.pt or models:/NAME@ALIAS (MLflow)")

@@ -35,16 +35,14 @@ class CtsmModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context):
         from hvd_ctsm.data.batches import check_same_vocabulary
-        from hvd_ctsm.model.checkpoint import load_state
-        from hvd_ctsm.model.ctsm import CTSM
+        from hvd_ctsm.model.checkpoint import load_model
 
         folder = Path(context.artifacts[VERSION_ARTIFACT])
-        state = load_state(folder / "model.pt")
+        self.model, state = load_model(folder / "model.pt")
         self.meta = json.loads((folder / "metadata.json").read_text())
         self.vocab = json.loads((folder / "vocab.json").read_text())
         check_same_vocabulary(state, self.meta, "the model", folder, "redeploy the model with "
                               "the features it was trained on")
-        self.model = CTSM.from_checkpoint(state)
 
     # The DataFrame hints tell MLflow that the explicit signature (below), not the hints,
     # describes and validates the input; without hints it warns at every log and load.

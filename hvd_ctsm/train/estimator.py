@@ -17,7 +17,6 @@ a driver script must keep its work under a `__main__` guard (as this module does
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -26,7 +25,7 @@ import torch
 from torch import nn
 
 from hvd_ctsm.data.schema import EVENT_TYPES
-from hvd_ctsm.errors import EXIT_BAD_INPUT
+from hvd_ctsm.errors import EXIT_BAD_INPUT, arg_parser
 from hvd_ctsm.files import outputs, storage
 from hvd_ctsm.files.storage import StorageError
 from hvd_ctsm.model.ctsm import CTSM, ModelSizes
@@ -168,8 +167,7 @@ def write_predictions(spark, data: str, store: str, out: str, overwrite: bool = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hvd_ctsm.train.estimator",
-                                description=__doc__.splitlines()[0])
+    p = arg_parser("hvd_ctsm.train.estimator", __doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="feature job output folder")
     p.add_argument("--store", required=True, help="Store folder (local, hdfs://, /dbfs/)")
     p.add_argument("--out", required=True, help="predictions of the test split (Parquet folder)")

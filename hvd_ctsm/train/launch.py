@@ -5,10 +5,10 @@
     torchrun --standalone --nproc-per-node 8 -m hvd_ctsm.train ...     # eight ranks, DDP
     hvd-ctsm train --data DIR --out RUN --config ml100k optim.lr=1e-3 --print-config
 
-Every route (horovodrun, elastic, horovod.spark, the CLI) runs `main(argv)`; it lives apart from
-hvd_ctsm.train because it picks between train.train and elastic_loop.run, and the elastic loop is
-built from train's parts: hvd_ctsm.train cannot import it back without a cycle
-(`python -m hvd_ctsm.train` runs hvd_ctsm/train/__main__.py, which calls `cli`).
+Every route (horovodrun, elastic, horovod.spark, the CLI) runs `main(argv)`: it picks between
+the epoch loop (hvd_ctsm.train.loop) and the elastic one (`python -m hvd_ctsm.train` runs
+hvd_ctsm/train/__main__.py, which calls `cli`). `--check` stops after the checks every rank
+would make first, so a launcher is never started for a run that cannot begin.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hvd_ctsm import distributed as dist
 from hvd_ctsm.config import ConfigError, config_from_argv, config_yaml
+from hvd_ctsm.data.dataset_meta import read_metadata
 from hvd_ctsm.train import elastic_loop, faults
 from hvd_ctsm.train import loop as train
 from hvd_ctsm.train.run_folder import (check_out_folder, check_resume_matches,
@@ -44,11 +45,16 @@ def main(argv: list[str] | None = None) -> int:
     # An elastic job starts workers later too (replacements, rejoins): only the first rank 0
     # checks the run folder; the others join whatever run it holds.
     if not args.elastic or dist.launch_rank() == 0:
-        check_out_folder(Path(cfg.out), args.resume, args.overwrite, cfg.data.path)
+        check_out_folder(Path(cfg.out), args.resume, args.overwrite, cfg.data.path,
+                         remove=not args.check)
         if args.resume:
             check_resume_matches(Path(cfg.out), cfg)
     if args.init_from:
         check_warm_start_matches(args.init_from, cfg)
+    if args.check:
+        read_metadata(cfg.data.path)  # the dataset: there, complete, of a version we read
+        print(f"ok: {cfg.data.path} -> {cfg.out}")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if dist.restarted_by_launcher():
         note_restart(Path(cfg.out))

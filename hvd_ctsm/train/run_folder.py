@@ -15,10 +15,11 @@ from hvd_ctsm.model.checkpoint import load_state
 from hvd_ctsm.model.ctsm import INIT_ONLY, LEGACY_ARCH, architecture
 
 
-def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str) -> None:
+def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str,
+                     remove: bool = True) -> None:
     """A new run never mixes its checkpoints and logs with an earlier run's, and --overwrite
     removes only a run folder we wrote (hvd_ctsm.files.outputs), never the dataset or a folder
-    holding it."""
+    holding it. `remove=False` checks only (--check)."""
     try:
         outputs.check_not_an_input(out, [data])
         if resume or outputs.is_empty(out):
@@ -29,7 +30,7 @@ def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str) -> Non
         outputs.check_replaceable(out, "run", [data])
     except outputs.UnsafeOutputError as exc:
         raise SystemExit(f"error: {exc}") from exc
-    if launch_rank() == 0:  # every rank checks; one removes
+    if remove and launch_rank() == 0:  # every rank checks; one removes
         outputs.remove_ours(out)
 
 
