@@ -31,18 +31,16 @@ def train_model(spark, data: str, out: str, num_proc: int = 2, config: str = "de
 
     overrides: trainer settings as 'section.field=value' (e.g. 'model.dim=32');
     init_from: a model.pt (or registry version) to warm-start from."""
+    from hvd_ctsm.config import load_config
+    from hvd_ctsm.serving.score import resolve_model
+    from hvd_ctsm.train.launch import LaunchOptions
     from hvd_ctsm.train.spark_train import train_on_spark
 
-    argv = ["--data", str(data), "--out", str(out), "--config", config, *overrides]
-    if epochs is not None:
-        argv += ["--epochs", str(epochs)]
-    if init_from:
-        from hvd_ctsm.serving.score import resolve_model
-
-        argv += ["--init-from", str(resolve_model(init_from))]
-    if overwrite:
-        argv.append("--overwrite")
-    return train_on_spark(argv, num_proc=num_proc, spark=spark)
+    epochs_override = [] if epochs is None else [f"epochs={epochs}"]
+    cfg = load_config(config, [*overrides, f"data.path={data}", f"out={out}", *epochs_override])
+    options = LaunchOptions(overwrite=overwrite,
+                            init_from=str(resolve_model(init_from)) if init_from else None)
+    return train_on_spark(cfg, num_proc=num_proc, spark=spark, options=options)
 
 
 def backtest_model(data: str, model: str, gate: str = "", report: str | None = None,

@@ -58,14 +58,14 @@ class PipelineConfig:
         if self.row_groups < self.num_proc:
             raise ValueError(f"row_groups {self.row_groups} < num_proc {self.num_proc}: some "
                              "ranks would get no rows")
-        from hvd_ctsm.config import config_from_argv
+        from hvd_ctsm.config import load_config
         from hvd_ctsm.evaluation.gate import parse_gate
 
         if not parse_gate(self.gate):
             raise ValueError("gate must name at least one rule, e.g. 'ndcg@10>=0.05'")
         # The trainer's config, typed, before the feature step runs (a ConfigError is a
-        # ValueError); the data folder is the pipeline's own, so a stand-in is enough here.
-        config_from_argv(["--data", "features", "--config", self.config, *self.train_args])
+        # ValueError).
+        load_config(self.config, list(self.train_args))
 
 
 class StepFailed(RuntimeError):
@@ -126,7 +126,9 @@ def _backtest(data: Path, model: Path, report: Path, gate: str) -> bool:
 
 def run_pipeline(spark, cfg: PipelineConfig) -> int:
     """Run every step in `spark`'s application; returns the exit code (see the module doc)."""
+    from hvd_ctsm.config import load_config
     from hvd_ctsm.serving import deploy
+    from hvd_ctsm.train.launch import LaunchOptions
     from hvd_ctsm.train.spark_train import train_on_spark
 
     work = Path(cfg.work)
@@ -137,11 +139,10 @@ def run_pipeline(spark, cfg: PipelineConfig) -> int:
     try:
         previous = deployed / "vocab.json" if deployed else None
         steps.run("features", _features, spark, cfg, data, previous)
-        argv = ["--data", str(data), "--out", str(model), "--config", cfg.config, "--overwrite",
-                *cfg.train_args]
-        if cfg.warm_start and deployed:
-            argv += ["--init-from", str(deployed / "model.pt")]
-        steps.run("train", train_on_spark, argv, cfg.num_proc, spark)
+        train_cfg = load_config(cfg.config, [*cfg.train_args, f"data.path={data}", f"out={model}"])
+        init_from = str(deployed / "model.pt") if cfg.warm_start and deployed else None
+        steps.run("train", train_on_spark, train_cfg, cfg.num_proc, spark,
+                  LaunchOptions(overwrite=True, init_from=init_from))
         if not steps.run("backtest", _backtest, data, model, report, cfg.gate):
             steps.finish("gate refused: nothing deployed")
             print(f"[pipeline] the gate {cfg.gate!r} refused the model: nothing deployed "

@@ -23,11 +23,15 @@ def ml_features(spark, ml100k, tmp_path_factory):
 
 
 def test_two_ranks_on_spark_write_a_model_and_a_report(spark, ml_features, tmp_path):
+    """A typed config goes to the ranks as it is (the other tests here pass a command line,
+    which train_on_spark still parses as the CLI does)."""
+    from hvd_ctsm.config import load_config
     from hvd_ctsm.evaluation.backtest import run_backtest
 
     out = tmp_path / "run"
-    summary = train_on_spark(["--data", str(ml_features), "--out", str(out), "--epochs", "1",
-                              "dist.spark_nics=lo", *SMALL], num_proc=2, spark=spark)
+    cfg = load_config(None, [f"data.path={ml_features}", f"out={out}", "epochs=1",
+                             "dist.spark_nics=lo", *SMALL])
+    summary = train_on_spark(cfg, num_proc=2, spark=spark)
     assert summary["ranks"] == 2
     assert [r["gloo_iface"] for r in summary["spark_ranks"]] == ["lo", "lo"]  # nics= reached Gloo
     assert summary["steps"] == summary["steps_per_epoch"] > 0  # one whole epoch

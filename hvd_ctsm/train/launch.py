@@ -5,7 +5,8 @@
     torchrun --standalone --nproc-per-node 8 -m hvd_ctsm.train ...     # eight ranks, DDP
     hvd-ctsm train --data DIR --out RUN --config ml100k optim.lr=1e-3 --print-config
 
-Every route (horovodrun, elastic, horovod.spark, the CLI) runs `main(argv)`: it picks between
+Every route ends in `run(cfg, options)`, with a typed config (`main(argv)` is the command line's
+way there, and the only place argv is parsed): it picks between
 the epoch loop (hvd_ctsm.train.loop) and the elastic one (`python -m hvd_ctsm.train` runs
 hvd_ctsm/train/__main__.py, which calls `cli`). `--check` stops after the checks every rank
 would make first, so a launcher is never started for a run that cannot begin.
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from hvd_ctsm import distributed as dist
-from hvd_ctsm.config import ConfigError, config_from_argv, config_yaml
+from hvd_ctsm.config import ConfigError, TrainConfig, config_from_argv, config_yaml
 from hvd_ctsm.data.dataset_meta import read_metadata
 from hvd_ctsm.train import elastic_loop, faults
 from hvd_ctsm.train import loop as train
@@ -27,31 +29,55 @@ from hvd_ctsm.train.run_folder import (check_out_folder, check_resume_matches,
 from hvd_ctsm.train.support import check_launch, note_restart
 
 
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What a run does besides its config: the command line's flags, typed."""
+
+    resume: bool = False  # continue from the run folder's latest checkpoint
+    overwrite: bool = False  # start afresh in a run folder we wrote
+    init_from: str | None = None  # warm-start from this model.pt
+    elastic: bool = False  # Elastic Horovod (hvd.elastic.run)
+    check: bool = False  # make the checks a rank makes first, then stop
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line (the only place it is parsed) -> run(cfg, options)."""
     try:
         cfg, args = config_from_argv(sys.argv[1:] if argv is None else argv)
-        check_launch(cfg, args)
-    except (ConfigError, dist.BackendError) as exc:  # stops here, before any worker starts
+    except ConfigError as exc:  # stops here, before any worker starts
         raise SystemExit(f"error: {exc}") from exc
     if args.print_config:
         print(config_yaml(cfg), end="")
         return 0
-    if args.elastic and args.resume:
+    return run(cfg, LaunchOptions(resume=args.resume, overwrite=args.overwrite,
+                                  init_from=args.init_from, elastic=args.elastic,
+                                  check=args.check))
+
+
+def run(cfg: TrainConfig, options: LaunchOptions | None = None) -> int:
+    """Train on this rank with a typed config (every route ends here: horovodrun, torchrun,
+    elastic, horovod.spark, TorchDistributor, the CLI, the notebook API)."""
+    options = options or LaunchOptions()
+    try:
+        check_launch(cfg, options)
+    except (ConfigError, dist.BackendError) as exc:  # stops here, before any worker starts
+        raise SystemExit(f"error: {exc}") from exc
+    if options.elastic and options.resume:
         raise SystemExit("error: --elastic keeps its state in memory; --resume is for "
                          "restarting a non-elastic run from its checkpoints")
     # torchrun --max-restarts starts every worker again after one failed: they go on from the
     # latest checkpoint, as `--resume` would.
-    args.resume = args.resume or dist.restarted_by_launcher()
+    resume = options.resume or dist.restarted_by_launcher()
     # An elastic job starts workers later too (replacements, rejoins): only the first rank 0
     # checks the run folder; the others join whatever run it holds.
-    if not args.elastic or dist.launch_rank() == 0:
-        check_out_folder(Path(cfg.out), args.resume, args.overwrite, cfg.data.path,
-                         remove=not args.check)
-        if args.resume:
+    if not options.elastic or dist.launch_rank() == 0:
+        check_out_folder(Path(cfg.out), resume, options.overwrite, cfg.data.path,
+                         remove=not options.check)
+        if resume:
             check_resume_matches(Path(cfg.out), cfg)
-    if args.init_from:
-        check_warm_start_matches(args.init_from, cfg)
-    if args.check:
+    if options.init_from:
+        check_warm_start_matches(options.init_from, cfg)
+    if options.check:
         read_metadata(cfg.data.path)  # the dataset: there, complete, of a version we read
         print(f"ok: {cfg.data.path} -> {cfg.out}")
         return 0
@@ -60,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         note_restart(Path(cfg.out))
     watcher = faults.start_stall_watcher(Path(cfg.out))
     try:
-        if args.elastic:
-            elastic_loop.run(cfg, init_from=args.init_from)
+        if options.elastic:
+            elastic_loop.run(cfg, init_from=options.init_from)
         else:
-            train.train(cfg, resume=args.resume, init_from=args.init_from)
+            train.train(cfg, resume=resume, init_from=options.init_from)
         dist.shutdown()
     finally:
         if watcher:

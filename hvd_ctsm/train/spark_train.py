@@ -1,11 +1,13 @@
 """Train inside a Spark application: the trainer's own entry point, run by horovod.spark or by
 Spark's TorchDistributor.
 
+    from hvd_ctsm.config import load_config
     from hvd_ctsm.train.spark_train import train_on_spark
-    summary = train_on_spark(["--data", DIR, "--out", RUN, "--config", "ml100k"], num_proc=2)
+    cfg = load_config("ml100k", [f"data.path={DIR}", f"out={RUN}", "epochs=5"])
+    summary = train_on_spark(cfg, num_proc=2, options=LaunchOptions(overwrite=True))
 
-Each of the `num_proc` Spark tasks starts one rank that runs `hvd_ctsm.train.launch.main(argv)`,
-what
+Each of the `num_proc` Spark tasks starts one rank that runs `hvd_ctsm.train.launch.run(cfg,
+options)` (the config travels typed, pickled with the task), what
 `horovodrun -np N python -m hvd_ctsm.train ARGV` (or torchrun) runs: the same sharded Petastorm
 reading, the same gradient averaging, rank 0 alone writing the run folder. The config's
 dist.backend picks the route: horovod -> horovod.spark.run (Gloo); torch -> TorchDistributor
@@ -21,20 +23,21 @@ import os
 import time
 from pathlib import Path
 
-from hvd_ctsm.config import ConfigError, config_from_argv
+from hvd_ctsm.config import ConfigError, TrainConfig, config_from_argv
 from hvd_ctsm.data.batches import read_metadata, shard_rows, split_url
+from hvd_ctsm.train.launch import LaunchOptions
 
 
 class SparkTrainingError(RuntimeError):
     """Training on Spark did not produce a model; the message says why."""
 
 
-def _train_rank(argv: list[str], env: dict[str, str]) -> dict:
+def _train_rank(cfg: TrainConfig, options: LaunchOptions, env: dict[str, str]) -> dict:
     """Runs in every rank (a process started by a Spark task, or torchrun under one)."""
     os.environ.update(env)
     from hvd_ctsm import distributed
     from hvd_ctsm.train import launch
-    code = launch.main(list(argv))
+    code = launch.run(cfg, options)
     # The interface Gloo used (horovod.spark sets it from the nics it was given or found).
     return {"rank": distributed.launch_rank(), "exit_code": code,
             "gloo_iface": os.environ.get("HOROVOD_GLOO_IFACE")}
@@ -49,13 +52,18 @@ def spark_backend(choice: str) -> str:
     return choice
 
 
-def resolved_config(argv: list[str]):
-    """The TrainConfig the ranks will build from argv (checked here, before any task starts):
-    the same config_from_argv that hvd_ctsm.train.launch.main runs in every rank."""
+def typed_config(cfg: TrainConfig | list[str], options: LaunchOptions | None
+                 ) -> tuple[TrainConfig, LaunchOptions]:
+    """(config, options); a command line (how this function was called before it took a typed
+    config) is parsed as the CLI parses it. A bad value stops here, before any task starts."""
+    if not isinstance(cfg, (list, tuple)):
+        return cfg, options or LaunchOptions()
     try:
-        return config_from_argv(list(argv))[0]
+        parsed, args = config_from_argv(list(cfg))
     except ConfigError as exc:
         raise SparkTrainingError(str(exc)) from exc
+    return parsed, options or LaunchOptions(resume=args.resume, overwrite=args.overwrite,
+                                            init_from=args.init_from)
 
 
 def check_dataset(data: str, num_proc: int) -> None:
@@ -119,11 +127,14 @@ def wait_for_task_slots(spark, num_proc: int, timeout_s: float, poll_s: float = 
             "longer (dist.spark_slot_wait_s)")
 
 
-def train_on_spark(argv: list[str], num_proc: int = 2, spark=None,
-                   threads_per_rank: int | None = None, start_timeout: int | None = None,
-                   local_mode: bool = False, use_gpu: bool = False) -> dict:
+def train_on_spark(cfg: TrainConfig | list[str], num_proc: int = 2, spark=None,
+                   options: LaunchOptions | None = None, threads_per_rank: int | None = None,
+                   start_timeout: int | None = None, local_mode: bool = False,
+                   use_gpu: bool = False) -> dict:
     """Run the trainer on `num_proc` Spark tasks; return the run's train_summary.json.
 
+    cfg: the typed config (hvd_ctsm.config.load_config); options: --resume, --overwrite,
+    --init-from as LaunchOptions.
     spark: an existing SparkSession (a notebook's); by default the active one, else a local one.
     threads_per_rank: OMP/torch threads in each rank (default: cores / num_proc on this host).
     local_mode, use_gpu: TorchDistributor's (dist.backend=torch): all ranks on the driver's host
@@ -131,7 +142,7 @@ def train_on_spark(argv: list[str], num_proc: int = 2, spark=None,
     """
     if num_proc < 1:
         raise SparkTrainingError(f"num_proc must be >= 1, got {num_proc}")
-    cfg = resolved_config(argv)
+    cfg, options = typed_config(cfg, options)
     check_dataset(cfg.data.path, num_proc)
     if spark is None:
         from hvd_ctsm.spark_session import get_spark
@@ -148,10 +159,10 @@ def train_on_spark(argv: list[str], num_proc: int = 2, spark=None,
     from hvd_ctsm import distributed
     try:
         if backend == "torch":  # TorchDistributor returns rank 0's result only
-            results = [distributed.torch_spark_run(_train_rank, (list(argv), env), num_proc,
+            results = [distributed.torch_spark_run(_train_rank, (cfg, options, env), num_proc,
                                                    local_mode=local_mode, use_gpu=use_gpu)]
         else:
-            results = distributed.spark_run(_train_rank, args=(list(argv), env),
+            results = distributed.spark_run(_train_rank, args=(cfg, options, env),
                                             num_proc=num_proc, start_timeout=start_timeout,
                                             nics=nics)
     except Exception as exc:  # both report a failed rank as a bare RuntimeError

@@ -249,13 +249,14 @@ def note_restart(out: Path) -> None:
         faults.append_event(out, {"event": "restarted_by_torchrun", "restart": int(count)})
 
 
-def check_launch(cfg: TrainConfig, args) -> None:
-    """The backend can serve this launch (dist.BackendError names the fix otherwise)."""
+def check_launch(cfg: TrainConfig, options) -> None:
+    """The backend can serve this launch (dist.BackendError names the fix otherwise); `options`:
+    hvd_ctsm.train.launch.LaunchOptions."""
     backend = dist.check_config(cfg.dist.backend, cfg.dist)
-    if args.elastic and backend != "horovod":
+    if options.elastic and backend != "horovod":
         raise dist.BackendError("--elastic is Elastic Horovod (horovodrun); with torchrun use "
                                 "--max-restarts N: restarted workers resume from the latest "
                                 "checkpoint")
-    if args.elastic and cfg.data.balance != "rows":
+    if options.elastic and cfg.data.balance != "rows":
         raise ConfigError(f"data.balance={cfg.data.balance} is for the plain route; --elastic "
                           "batches by rows: drop the setting or --elastic")
