@@ -3,8 +3,9 @@
 They say, for one raw event whose columns arrive as text (a CSV source) or None, which reason
 rejects it, in the same order and with the same parsing as the Spark expressions in
 spark_jobs/validate.py. That makes the rules testable by the thousand with generated rows
-(tests/test_validator_fuzz.py), and the fuzz test runs a generated batch through the real Spark path
-too and checks that both agree row for row, so neither can drift from the other unseen.
+(tests/{unit,integration}/test_validator_fuzz.py), and the fuzz test runs a generated batch
+through the real Spark path too and checks that both agree row for row, so neither can drift
+from the other unseen.
 
 Parsing as Spark 3.5 does it (non-ANSI): `trim` removes ASCII spaces only; a numeric timestamp
 string is floored seconds, a non-finite or huge one clamps to the long range; `cast('double')`

@@ -7,6 +7,11 @@ chain through a user's entry point), `cluster` (a Spark standalone cluster) and 
 file gives every test that has none of the first three and uses no Spark or dataset fixture: pure
 Python and torch in this process, seconds in all. `pytest --fast` (`./run.sh test --fast`) runs
 the unit tier only; plain `pytest` runs every tier, as CI does.
+
+The folders are the same map: `tests/unit` holds unit-tier tests only, `tests/integration` (real
+Spark, datasets, workers, entry points at 2 ranks) and `tests/cluster` (a Spark standalone
+cluster) none; collection stops on a test in the wrong folder. `tests/helpers`: what tests import
+or start (fault injection, worker scripts).
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ def is_unit(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    misplaced = [item.nodeid for item in items
+                 if (Path(item.path).parent.name == "unit") != is_unit(item)]
+    if misplaced:
+        raise pytest.UsageError("tests/unit holds the unit tier only, and it holds all of it; "
+                                "move these: " + ", ".join(misplaced))
     for item in items:
         if is_unit(item):
             item.add_marker(pytest.mark.unit)

@@ -8,8 +8,8 @@ job writes the same file with this module, so Petastorm's readers (on a classic 
 our datasets. Our own reader needs none of it.
 
 The pickle is a constant: the bytes of `pickle.dumps(hvd_ctsm.data.schema.make_schema())` under
-Petastorm 0.13.1. A classic-stack test checks that they still are (tests/test_without_petastorm.py);
-change it with schema.FIELDS (and SCHEMA_VERSION).
+Petastorm 0.13.1. A classic-stack test checks that they still are
+(tests/integration/test_without_petastorm.py); change it with schema.FIELDS (and SCHEMA_VERSION).
 """
 
 from __future__ import annotations

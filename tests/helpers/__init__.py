@@ -1,0 +1,1 @@
+"""What tests import or start: fault injection (faultlib) and small worker programs."""

@@ -1,0 +1,136 @@
+"""Batch scoring, both routes, on the tiny synthetic dataset with a really trained model."""
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from hvd_ctsm.data.schema import SERVING_SPLIT
+from hvd_ctsm.serving import score
+from tests.integration.test_features_e2e import read_split
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+K = 5
+
+
+@pytest.fixture(scope="module")
+def model_run(tiny_features, tmp_path_factory):
+    work = tmp_path_factory.mktemp("score")
+    out, data = work / "run", work / "features-without-serving"
+    # Training and validation must never read the serving rows: train where they do not exist.
+    shutil.copytree(tiny_features, data, ignore=shutil.ignore_patterns(SERVING_SPLIT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out),
+         "--epochs", "1", "data.batch_size=16", "model.dim=16", "model.layers=1",
+         "progress=false"], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def clients(tiny_features):
+    """{client_id: items it ever had (indices)} from the test split, read independently."""
+    rows = read_split(tiny_features / "test", fields=["client_id", "client_items"])
+    return {r["client_id"]: set(int(i) for i in r["client_items"]) for r in rows}
+
+
+def check_scores(table, clients, vocab_items):
+    rows = table.to_pylist()
+    by_client = {}
+    for row in rows:
+        by_client.setdefault(row["client_id"], []).append(row)
+    assert set(by_client) == set(clients)  # every client scored
+    for client, recs in by_client.items():
+        assert [r["rank"] for r in recs] == list(range(1, K + 1))  # K items each, ranked
+        items = [r["item"] for r in recs]
+        assert len(set(items)) == K and 0 not in items
+        assert not set(items) & clients[client]  # nothing the client already had
+        assert all(vocab_items[r["item"]] == r["item_id"] for r in recs)
+        scores = [r["score"] for r in recs]
+        assert scores == sorted(scores, reverse=True)
+        assert all(0.0 <= r["p_sale"] <= 1.0 for r in recs)
+    return {c: [r["item"] for r in recs] for c, recs in by_client.items()}
+
+
+def test_cli_and_spark_job_score_every_client_alike(spark, tiny_features, model_run, clients,
+                                                    tmp_path, capsys):
+    from spark_jobs.score_topk import score_topk
+
+    vocab_items = json.loads((tiny_features / "vocab.json").read_text())["items"]
+    out = tmp_path / "scores.parquet"
+    assert score.main(["--data", str(tiny_features), "--model", str(model_run),
+                       "--out", str(out), "--k", str(K)]) == 0
+    assert json.loads(capsys.readouterr().out)["split"] == SERVING_SPLIT
+    local = check_scores(pq.read_table(out), clients, vocab_items)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
+
+    summary = score_topk(spark, str(tiny_features), str(model_run), str(tmp_path / "spark"), k=K)
+    assert summary["scored_clients"] == summary["clients"] == len(clients)
+    assert summary["split"] == SERVING_SPLIT
+    assert summary["rows"] == K * len(clients) and summary["short"] == 0
+    distributed = check_scores(pq.read_table(tmp_path / "spark"), clients, vocab_items)
+    assert distributed == local  # the two routes agree item for item
+
+
+def top_items(path) -> dict:
+    picks: dict = {}
+    for row in pq.read_table(path).to_pylist():
+        picks.setdefault(row["client_id"], []).append(row["item"])
+    return picks
+
+
+def test_scores_start_from_each_clients_latest_event(tiny_features, model_run, tmp_path, caplog):
+    from hvd_ctsm.model.checkpoint import load_state
+    from hvd_ctsm.model.ctsm import CTSM
+
+    serving = {r["client_id"]: r for r in read_split(tiny_features / SERVING_SPLIT)}
+    test = {r["client_id"]: r for r in read_split(tiny_features / "test")}
+    clients = sorted(serving)
+    assert clients == sorted(test)
+    for c in clients:  # the held-out last event is the serving history's newest event
+        assert serving[c]["item"][-1] == test[c]["target_item"][0]
+        assert serving[c]["timestamp"][-1] == test[c]["target_time"][0]
+    model = CTSM.from_checkpoint(load_state(score.resolve_model(model_run)))
+    states = {name: score.client_states(model, [SimpleNamespace(**rows[c]) for c in clients],
+                                        model.sizes.max_len)
+              for name, rows in (("serving", serving), ("test", test))}
+    for new, old in zip(states["serving"], states["test"], strict=True):
+        assert not torch.allclose(new, old)  # the last event moved every client's state
+
+    summary = score.score_dataset(tiny_features, model_run, tmp_path / "serving.parquet", k=K)
+    assert summary["split"] == SERVING_SPLIT and summary["scored_clients"] == len(clients)
+    picks = top_items(tmp_path / "serving.parquet")
+    assert all(serving[c]["item"][-1] not in picks[c] for c in clients)
+    score.score_dataset(tiny_features, model_run, tmp_path / "test.parquet", k=K, split="test")
+    assert picks != top_items(tmp_path / "test.parquet")
+
+    # Features built before the serving split: the test rows, with a warning saying so.
+    old = tmp_path / "features-before-serving"
+    shutil.copytree(tiny_features, old, ignore=shutil.ignore_patterns(SERVING_SPLIT))
+    meta = json.loads((old / "metadata.json").read_text())
+    del meta["splits"][SERVING_SPLIT]
+    (old / "metadata.json").write_text(json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="hvd_ctsm.serving.score"):
+        fallback = score.score_dataset(old, model_run, tmp_path / "old.parquet", k=K)
+    assert fallback["split"] == "test" and "rebuild the features" in caplog.text
+    assert pq.read_table(tmp_path / "old.parquet").equals(pq.read_table(tmp_path / "test.parquet"))
+
+
+def test_scoring_refuses_a_model_of_another_vocabulary(tiny_features, model_run, tmp_path):
+    data = tmp_path / "other"
+    shutil.copytree(tiny_features, data)
+    meta = json.loads((data / "metadata.json").read_text())
+    meta["vocab_sha256"] = "0" * 64
+    (data / "metadata.json").write_text(json.dumps(meta))
+    out = tmp_path / "scores.parquet"
+    # bad input (exit 2, hvd_ctsm.errors): one line, nothing written
+    assert score.main(["--data", str(data), "--model", str(model_run), "--out", str(out)]) == 2
+    assert not out.exists()

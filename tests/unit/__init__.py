@@ -1,0 +1,1 @@
+"""The unit tier: pure Python and torch in the test process, no Spark, workers or datasets."""

@@ -1,0 +1,98 @@
+"""One command, `hvd-ctsm STEP`: every step reachable, each its module's own main(argv).
+This file holds the unit-tier part; the rest is in tests/integration/test_cli.py."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from hvd_ctsm import cli
+from hvd_ctsm.errors import EXIT_CODES
+from tests.conftest import REPO
+
+STEPS = ["features", "train", "backtest", "gate", "deploy", "score", "pipeline", "doctor", "bench"]
+
+
+def test_help_lists_every_step(capsys):
+    assert cli.main(["--help"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert listed == STEPS
+
+
+def test_an_unknown_step_is_refused_naming_the_steps(capsys):
+    assert cli.main(["trian"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown step 'trian'" in err and "features, train, backtest" in err
+
+
+@pytest.mark.parametrize("step", [s for s in STEPS if s != "bench"])
+def test_every_step_answers_help_with_its_own_options(step, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main([step, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage:" in out and EXIT_CODES in out  # every step's help ends with the one table
+
+
+def test_train_prints_the_resolved_config_and_refuses_a_bad_value_before_starting(tmp_path,
+                                                                                   capsys):
+    assert cli.main(["train", "--config", "ml100k", "optim.lr=1e-3", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["optim"]["lr"] == 0.001
+    with pytest.raises(SystemExit, match="error: config: epochs=3.7 has the wrong type"):
+        cli.main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "run"), "epochs=3.7"])
+    assert not (tmp_path / "run").exists()
+
+
+def test_gate_runs_the_gate_step(tmp_path):
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"model": {"full": {"ndcg@10": 0.12}}}))
+    assert cli.main(["gate", "--report", str(report), "--gate", "ndcg@10>=0.1"]) == 0
+    assert json.loads(report.read_text())["gate"]["passed"] is True
+    assert cli.main(["gate", "--report", str(report), "--gate", "ndcg@10>=0.2"]) == 1
+
+
+def test_bench_outside_a_checkout_says_where_to_run_it(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hvd_ctsm", "bench", "--help"], cwd=tmp_path,
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and "run it from the root of a checkout" in proc.stderr
+
+
+def test_bad_input_through_the_console_script_is_one_line_and_exit_2(tmp_path):
+    """Before: `hvd-ctsm backtest` with a missing dataset printed a traceback and exit 1."""
+    missing = tmp_path / "no-such-features"
+    proc = subprocess.run([sys.executable, "-m", "hvd_ctsm", "backtest", "--data", str(missing),
+                           "--model", str(tmp_path / "model"), "--report",
+                           str(tmp_path / "report.json")], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (f"hvd-ctsm: error: {missing} is not a folder: point --data "
+                                   "at a folder written by spark_jobs.build_features")
+
+
+def test_version_names_the_installed_release(capsys):
+    from importlib import metadata
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"hvd-ctsm {metadata.version('hvd_ctsm')}"
+
+
+def test_the_feature_job_refuses_its_output_before_starting_spark(tmp_path, monkeypatch, capsys):
+    """An --out the job may not write is exit 2 (bad input, as for every program) and costs no
+    Spark start (before: exit 1 after about 10 s of Spark)."""
+    import spark_jobs.session
+    from spark_jobs.build_features import main
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("years of work")
+    monkeypatch.setattr(spark_jobs.session, "get_spark",
+                        lambda **kwargs: pytest.fail("Spark started before the output check"))
+    source = ["--source", "synthetic:clients=10,items=5,events=50"]
+    assert main([*source, "--out", str(theirs)]) == 2
+    assert "exists; pass --overwrite" in capsys.readouterr().err
+    assert main([*source, "--out", str(theirs), "--overwrite"]) == 2
+    assert "not written by hvd_ctsm" in capsys.readouterr().err
+    assert (theirs / "notes.txt").read_text() == "years of work"

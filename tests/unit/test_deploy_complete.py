@@ -1,0 +1,59 @@
+"""deploy publishes only complete versions, resolves the report's data path from the report, and
+checks what it wrote; a missing model is one line with exit code 2 (hvd_ctsm.errors)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hvd_ctsm.serving import deploy
+from tests.conftest import REPO
+
+
+def run_folder(tmp_path: Path, data: str) -> tuple[Path, Path]:
+    """A run folder (model.pt, its .sha256, config.yaml) and a report whose gate passed."""
+    run = tmp_path / "work" / "run"
+    run.mkdir(parents=True)
+    model = run / "model.pt"
+    model.write_bytes(b"weights")
+    Path(f"{model}.sha256").write_text(hashlib.sha256(b"weights").hexdigest())
+    (run / "config.yaml").write_text("epochs: 1\n")
+    report = run / "backtest.json"
+    report.write_text(json.dumps({"data": data, "gate": {"passed": True, "checks": []},
+                                  "model_sha256": hashlib.sha256(b"weights").hexdigest()}))
+    return run, report
+
+
+def test_a_version_without_metadata_and_vocab_is_refused(tmp_path):
+    run, report = run_folder(tmp_path, "no-such-features")
+    registry = tmp_path / "registry"
+    code = deploy.main(["--model", str(run), "--report", str(report), "--registry",
+                        str(registry)])
+    assert code == 1
+    assert deploy.current(registry) is None and not list(registry.glob("v*"))
+
+
+def test_a_relative_data_path_is_found_beside_the_report_and_the_copy_checked(tmp_path):
+    run, report = run_folder(tmp_path, "../features")  # relative to the report's folder
+    features = tmp_path / "work" / "features"
+    features.mkdir()
+    (features / "metadata.json").write_text("{}")
+    (features / "vocab.json").write_text('{"items": []}')
+    version = deploy.deploy(run, report, tmp_path / "registry")
+    assert deploy.current(tmp_path / "registry") == version
+    assert (version / "vocab.json").read_text() == '{"items": []}'
+    assert set(deploy.REQUIRED) == {p.name for p in version.iterdir()}
+
+
+def test_a_missing_model_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hvd_ctsm.serving.deploy", "--model",
+                           str(tmp_path / "nothing"), "--report", str(tmp_path / "r.json"),
+                           "--registry", str(tmp_path / "registry")], capture_output=True,
+                          text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "not found" in proc.stderr

@@ -1,0 +1,70 @@
+"""--overwrite never deletes what we did not create; stale temp folders of killed jobs go.
+
+Real commands on real folders: the trainer's and the feature job's entry points, a real dataset
+written by the feature job, real files that must survive.
+This file holds the unit-tier part; the rest is in tests/integration/test_output_safety.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hvd_ctsm.files import outputs
+from tests.conftest import REPO
+
+
+def test_a_folder_without_our_marker_is_never_replaced(tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    with pytest.raises(outputs.UnsafeOutputError, match="not written by hvd_ctsm"):
+        outputs.check_replaceable(precious, "run")
+    outputs.mark(precious, "features")
+    with pytest.raises(outputs.UnsafeOutputError, match="holds hvd_ctsm features output"):
+        outputs.check_replaceable(precious, "run")
+    outputs.check_replaceable(precious, "features")  # ours, same kind: may go
+    with pytest.raises(outputs.UnsafeOutputError, match="lies inside the input"):
+        outputs.check_replaceable(tmp_path, "features", [precious / "notes.txt"])
+    assert (precious / "notes.txt").read_text() == "mine"
+
+
+def test_a_run_folder_of_ours_is_removed_marker_last(tmp_path):
+    run = tmp_path / "run"
+    outputs.claim(run, "run")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "step-1.pt").write_bytes(b"x")
+    (run / "model.pt").write_bytes(b"y")
+    outputs.check_replaceable(run, "run")
+    outputs.remove_ours(run)
+    assert not run.exists() and outputs.is_empty(run)
+
+
+def test_train_overwrite_of_a_folder_we_did_not_write_refuses(tmp_path):
+    out = tmp_path / "not-a-run"
+    out.mkdir()
+    (out / "report.docx").write_bytes(b"years of work")
+    proc = subprocess.run([sys.executable, "-m", "hvd_ctsm.train", "--data", str(tmp_path / "data"),
+                           "--out", str(out), "--overwrite"], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "not written by hvd_ctsm" in proc.stderr
+    assert (out / "report.docx").read_bytes() == b"years of work"
+
+
+def test_staged_publishes_on_success_and_keeps_the_old_output_on_failure(tmp_path):
+    out = tmp_path / "scores"
+    with outputs.staged(out, overwrite=False, kind="scores") as stage:
+        (stage / "part-0").write_text("first")
+    assert (out / "part-0").read_text() == "first" and outputs.marker(out)["kind"] == "scores"
+    with pytest.raises(KeyboardInterrupt):
+        with outputs.staged(out, overwrite=True, kind="scores") as stage:
+            (stage / "part-0").write_text("half")
+            raise KeyboardInterrupt
+    assert (out / "part-0").read_text() == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["scores"]  # the stage is gone
+    with pytest.raises(outputs.UnsafeOutputError):  # checked before the body runs
+        with outputs.staged(out, overwrite=True, kind="features"):
+            raise AssertionError("the body must not run")

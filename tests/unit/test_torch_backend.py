@@ -1,0 +1,74 @@
+"""The torch.distributed backend beside Horovod: real torchrun workers (DDP over Gloo), the real
+trainer entry point, and runs that move between the two backends.
+
+The two backends train the same numbers: a run stopped under one and resumed under the other ends
+with the model an uninterrupted run ends with, bit for bit, and writes the same run folder.
+This file holds the unit-tier part; the rest is in tests/integration/test_torch_backend.py."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_ctsm.distributed import BackendError, parse_selftest, resolve
+from tests.helpers import faultlib as fl
+
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+
+
+def torchrun(*flags: str) -> list[str]:
+    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", *flags]
+
+
+TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "x", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+
+
+@pytest.mark.parametrize("choice, env, horovod, want", [
+    ("auto", TORCHRUN_ENV, True, "torch"),
+    ("auto", {"HOROVOD_RANK": "0"}, True, "horovod"),
+    ("auto", {}, True, "horovod"),
+    ("auto", {}, False, "single"),
+    ("torch", {}, True, "torch"),
+    ("horovod", {"OMPI_COMM_WORLD_RANK": "1"}, True, "horovod"),
+])
+def test_auto_picks_torch_under_torchrun_else_horovod_else_one_process(choice, env, horovod,
+                                                                      want):
+    assert resolve(choice, env, horovod_installed=horovod) == want
+
+
+@pytest.mark.parametrize("choice, env, horovod, message", [
+    ("horovod", TORCHRUN_ENV, True, "torchrun started this worker"),
+    ("horovod", {}, False, "Horovod is not installed"),
+    ("torch", {"HOROVOD_RANK": "0"}, True, "horovodrun started this worker"),
+    ("mpi", {}, True, "is not one of"),
+])
+def test_a_backend_that_cannot_serve_the_launch_says_how_to_fix_it(choice, env, horovod, message):
+    with pytest.raises(BackendError, match=message):
+        resolve(choice, env, horovod_installed=horovod)
+
+
+def test_torchrun_selftest_gives_the_exact_sum_on_both_ranks():
+    proc = fl.run(torchrun("-m", "hvd_ctsm.distributed", "selftest"), timeout=180)
+    reports = parse_selftest(proc.stdout)
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    for r in reports:
+        assert r["backend"] == "torch" and r["size"] == 2
+        assert r["sum"] == [10.0, 12.0, 14.0, 16.0]
+
+
+def test_torchrun_workers_exit_with_their_code_after_their_exit_handlers_skipping_teardown(
+        tmp_path):
+    """Gloo's threads outlive destroy_process_group (distributed.exit_process): a torchrun
+    worker must not reach the interpreter's teardown with them, but must run its exit handlers
+    (MLflow ends its runs there). Without torchrun nothing is skipped."""
+    worker = str(Path(__file__).parents[1] / "helpers" / "exit_worker.py")
+    launched = tmp_path / "torchrun"
+    launched.mkdir()
+    proc = fl.run(torchrun("--no-python", sys.executable, worker, str(launched), "0"),
+                  timeout=180)
+    assert sorted(p.name for p in launched.iterdir()) == ["atexit-0", "atexit-1"], proc.stderr
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    proc = fl.run([sys.executable, worker, str(alone), "4"], timeout=180, check=False)
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert sorted(p.name for p in alone.iterdir()) == ["atexit-0", "teardown-0"]
