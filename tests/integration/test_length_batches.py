@@ -2,26 +2,11 @@
 reader on a tiny real Petastorm dataset.
 The unit-tier part is in tests/unit/test_length_batches.py."""
 
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
-from hvd_ctsm.data.batches import length_grouped, plan_epoch, split_url, train_batches
-
-BATCH = 16
-
-
-def shard(lengths):
-    """Rows as the reader gives them: a training row has a target at most of its positions."""
-    return [SimpleNamespace(history_len=int(n), target_pos=np.arange(max(1, n - 1)), id=i)
-            for i, n in enumerate(lengths)]
-
-
-def grouped(lengths, steps, order_seed=5):
-    return list(length_grouped(iter(shard(lengths)), steps, BATCH,
-                               np.random.default_rng(order_seed)))
+from hvd_ctsm.data.batches import plan_epoch, split_url, train_batches
 
 
 @pytest.mark.spark

@@ -3,24 +3,11 @@ reader on a tiny real Petastorm dataset.
 This file holds the unit-tier part; the rest is in tests/integration/test_length_batches.py."""
 
 import itertools
-from types import SimpleNamespace
 
 import numpy as np
 
-from hvd_ctsm.data.batches import LENGTH_POOL_BATCHES, equal_target_cuts, length_grouped
-
-BATCH = 16
-
-
-def shard(lengths):
-    """Rows as the reader gives them: a training row has a target at most of its positions."""
-    return [SimpleNamespace(history_len=int(n), target_pos=np.arange(max(1, n - 1)), id=i)
-            for i, n in enumerate(lengths)]
-
-
-def grouped(lengths, steps, order_seed=5):
-    return list(length_grouped(iter(shard(lengths)), steps, BATCH,
-                               np.random.default_rng(order_seed)))
+from hvd_ctsm.data.batches import LENGTH_POOL_BATCHES, equal_target_cuts
+from tests.helpers.length_rows import BATCH, grouped, shard
 
 
 def width(batch):

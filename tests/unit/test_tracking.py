@@ -1,26 +1,17 @@
 """MLflow tracking, registry and pyfunc flavour on real local MLflow stores (SQLite in tmp_path).
 
-The end-to-end test runs `./run.sh demo` itself (features, 2 ranks under torchrun, backtest, gate,
-deploy, score) into tmp_path and reads what it left through MLflow's own client; the pyfunc
-model is then loaded from the registry and scored with pandas and with Spark.
-This file holds the unit-tier part; the rest is in tests/integration/test_tracking.py."""
+The end-to-end runs (`./run.sh demo`, then MLflow's own client, the pyfunc model scored with
+pandas and with Spark) are in tests/integration/test_tracking.py; this file holds the unit tier."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 from hvd_ctsm.config import load_config
 from hvd_ctsm.tracking.link import flat_params, metric_key, read_link
 from tests.conftest import REPO
-
-DEMO_DATA = "synthetic:clients=160,items=60,events=6000,seed=11"
-DEMO_TRAIN = ["data.batch_size=16", "model.dim=32", "model.layers=1", "progress=false"]
 
 
 def test_metric_keys_and_params_are_what_mlflow_accepts():
@@ -99,23 +90,3 @@ def test_a_run_in_the_default_local_store(tmp_path, monkeypatch):
     assert (tmp_path / "mlflow" / "artifacts").is_dir()
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> Path:
-    """`./run.sh demo` on a small synthetic set, 2 epochs, into a fresh WORK folder. 8 row groups
-    per split: the default 64 for 160 clients wrote 256 files of 2-3 rows each, most of the
-    fixture's time."""
-    work = tmp_path_factory.mktemp("demo")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env |= {"WORK": str(work), "DATA": DEMO_DATA, "EPOCHS": "2", "NP": "2", "ROW_GROUPS": "8",
-            "GATE": "ndcg@10>=0.02", "VENV": sys.prefix, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(["bash", str(REPO / "run.sh"), "demo", *DEMO_TRAIN], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
-    for warning in ("type hints to the `predict`", "serialized using CloudPickle",
-                    "input example was not provided"):  # deploy removed their causes
-        assert warning not in proc.stdout + proc.stderr, warning
-    # Petastorm's deprecation warnings (in the driver and every Spark Python worker) and
-    # torchrun's banner about OMP_NUM_THREADS are silenced: the demo's output is its steps.
-    for noise in ("FutureWarning", "Setting OMP_NUM_THREADS"):
-        assert noise not in proc.stdout + proc.stderr, noise
-    return work
