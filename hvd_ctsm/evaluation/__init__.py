@@ -2,8 +2,9 @@
 
 - `metrics`: NDCG, HR, MRR and AUC;
 - `evaluate`: a model (or popularity) ranked over the whole catalog or sampled negatives;
-- `backtest`: the backtest report of a trained model against popularity, and the model loader
-  every consumer uses; `gate`: the deploy gate applied to a report.
+- `backtest`: the backtest report of a trained model against popularity;
+- `gate`: the deploy gate's rules, and `decide`, the one place a gate is applied to a report,
+  written and printed (the backtest, the gate step and the notebook API call it).
 
 May import data, model, files, config and tracking.
 """

@@ -3,8 +3,10 @@
 - `ctsm`: the CTSM encoder (a causal, temporally-masked transformer) and its heads' wiring;
 - `heads`: the next-item and p(sale) heads; `catalog`: losses and scores over an item catalog
   of any size, in chunks, without a [targets x items] tensor;
-- `checkpoint`: a model's state on disk, written atomically.
+- `topk`: the top-K items of many clients, in item chunks (batch scoring and the pyfunc);
+- `checkpoint`: a model's state on disk, written atomically, and the one model loader
+  (`load_model`: a registry, a run folder or a model.pt).
 
-The network imports only torch: it knows nothing of ranks, datasets or configs' files.
-`checkpoint` may also import `hvd_ctsm.files`.
+The network (ctsm, heads, catalog) imports only torch: it knows nothing of ranks, datasets or
+config files. `checkpoint` may also import `hvd_ctsm.files`, `topk` `hvd_ctsm.data` (batches).
 """

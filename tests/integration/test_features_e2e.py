@@ -311,7 +311,7 @@ def test_cli_time_split_on_synthetic(tmp_path, spark):
         "local[2]",
     ]
     assert main(argv) == 0
-    assert main(argv) == 1  # exists, no --overwrite
+    assert main(argv) == 2  # exists, no --overwrite: bad input, refused before Spark starts
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["split"] == {"kind": "time", "cutoffs": [1601510400, 1609459200]}
     assert meta["vocab"]["attrs"] == {"region": 11, "tier": 4}
