@@ -72,10 +72,13 @@ def print_table(report: dict) -> None:
         if name not in report:
             continue
         m = report[name]
-        sale = m.get("sale", {}).get("auc", float("nan"))
+        sale = m.get("sale", {}).get("auc")
         print(f"{name:<14}{m['full']['ndcg@10']:>10.4f}{m['full']['hr@10']:>10.4f}"
               f"{m['full']['mrr']:>10.4f}         |{m['sampled']['ndcg@10']:>10.4f}"
-              f"{m['sampled']['hr@10']:>10.4f}                |{sale:>9.4f}")
+              f"{m['sampled']['hr@10']:>10.4f}                |"
+              + (f"{sale:>9.4f}" if sale is not None else f"{'n/a':>9}"))
+    if "auc_undefined" in report["model"].get("sale", {}):
+        print(f"AUC n/a: {report['model']['sale']['auc_undefined']}")
     for name, diffs in report.get("differences", {}).items():
         some = next(iter(diffs.values()))
         cells = [f"{key.split('.')[0]} NDCG@10 {d['mean']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]"

@@ -52,9 +52,24 @@ class EvalResult:
         if probs is None:
             probs = np.concatenate(self.probs) if self.probs else np.zeros(0)
         if len(probs):
-            out["sale"] = {"auc": auc(labels, probs), "log_loss": log_loss(labels, probs),
-                           "positive_rate": float(np.mean(labels)), "targets": int(len(labels))}
+            out["sale"] = sale_metrics(labels, probs)
         return out
+
+
+def sale_metrics(labels: np.ndarray, probs: np.ndarray) -> dict:
+    """p(sale) against the labels. AUC ranks sales above non-sales, so it exists only where the
+    targets hold both: on purchases-only data every target is a sale (label 1), and the report
+    says so (`auc_undefined`) instead of carrying a NaN."""
+    labels = np.asarray(labels)
+    out = {"log_loss": log_loss(labels, probs), "positive_rate": float(np.mean(labels)),
+           "targets": int(len(labels))}
+    positives = int(np.sum(labels > 0.5))
+    if 0 < positives < len(labels):
+        return {"auc": auc(labels, probs), **out}
+    label = "a sale (label 1)" if positives else "a non-sale (label 0)"
+    return {**out, "auc_undefined": (
+        f"every one of the {len(labels)} targets is {label}: AUC needs both kinds; on "
+        "purchases-only data p(sale) has nothing to rank (give it views or ratings)")}
 
 
 # The per-target metrics that paired_differences compares: (protocol, metric, function of ranks).

@@ -46,6 +46,10 @@ def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) ->
     checks = []
     for protocol, name, op, threshold in rules:
         value = metrics.get(protocol, {}).get(name)
+        why = metrics.get(protocol, {}).get(f"{name}_undefined")
+        if why:
+            raise ValueError(f"gate: {protocol}.{name} is undefined on this data ({why}); "
+                             "drop that rule")
         if value is None:
             raise ValueError(f"gate: no metric {protocol}.{name} in the report")
         checks.append({"rule": f"{protocol}.{name}{op}{threshold}", "value": value,

@@ -145,6 +145,7 @@ class Trainer:
         decay = cfg.optim.ema_decay
         self.average = WeightAverage(model, decay, cfg.optim.base_batch_size) if decay else None
         self.grad_norm: float | None = None  # the last step's, when optim.clip_grad_norm
+        self._said_no_auc = False  # p(sale) without an AUC (purchases only): logged once
         sparse = [m for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse]
         self.sparse_tables = [m.weight for m in sparse]
         self.exchange = GradientBytes(model, sparse)
@@ -322,6 +323,11 @@ class Trainer:
             for key, value in metrics[protocol].items():
                 self.writer.add_scalar(f"val_{protocol}/{key}", value, step)
         for key, value in metrics.get("sale", {}).items():
+            if key == "auc_undefined":  # said once, in words, instead of a NaN every epoch
+                if not self._said_no_auc:
+                    log.info("p(sale) has no AUC here: %s", value)
+                    self._said_no_auc = True
+                continue
             self.writer.add_scalar(f"val_sale/{key}", value, step)
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")

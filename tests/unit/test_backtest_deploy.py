@@ -3,7 +3,7 @@ This file holds the unit-tier part; the rest is in tests/integration/test_backte
 
 import pytest
 
-from hvd_ctsm.evaluation import gate
+from hvd_ctsm.evaluation import backtest, gate
 
 
 def test_gate_parsing_and_decisions():
@@ -23,3 +23,14 @@ def test_gate_parsing_and_decisions():
 def test_malformed_gate_is_refused(bad):
     with pytest.raises(ValueError, match="gate"):
         gate.parse_gate(bad)
+
+
+def test_the_report_table_says_n_a_and_why_where_p_sale_has_no_auc(capsys):
+    ranking = {"full": {"ndcg@10": 0.1, "hr@10": 0.2, "mrr": 0.05},
+               "sampled": {"ndcg@10": 0.4, "hr@10": 0.6}}
+    sale = {"log_loss": 0.3, "positive_rate": 1.0, "targets": 9,
+            "auc_undefined": "every one of the 9 targets is a sale (label 1): ..."}
+    backtest.print_table({"model": {**ranking, "sale": sale}, "popularity": ranking})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split("|")[-1].strip() == "n/a" and "nan" not in "\n".join(lines)
+    assert lines[-1] == "AUC n/a: every one of the 9 targets is a sale (label 1): ..."

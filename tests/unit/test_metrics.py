@@ -132,3 +132,21 @@ def test_sample_negatives_draws_what_a_choice_among_the_listed_allowed_items_dra
     expected = np.random.default_rng([5, 9]).choice(allowed, size=n, replace=False)
     drawn = sample_negatives(np.random.default_rng([5, 9]), num_items, exclude, n)
     assert np.array_equal(drawn, expected)
+
+
+def test_p_sale_on_purchases_only_data_says_why_it_has_no_auc_instead_of_a_nan():
+    """Issue: AUC was `nan` in the report on purchases-only data (every target a sale)."""
+    from hvd_ctsm.evaluation.evaluate import sale_metrics
+    from hvd_ctsm.evaluation.gate import apply_gate
+
+    probs = np.array([0.9, 0.2, 0.7, 0.4])
+    mixed = sale_metrics(np.array([1.0, 0.0, 1.0, 0.0]), probs)
+    assert mixed["auc"] == 1.0 and "auc_undefined" not in mixed
+    only_sales = sale_metrics(np.ones(4), probs)
+    assert "auc" not in only_sales and only_sales["positive_rate"] == 1.0
+    assert "every one of the 4 targets is a sale" in only_sales["auc_undefined"]
+    assert math.isfinite(only_sales["log_loss"])
+    metrics = {"full": {"ndcg@10": 0.2}, "sale": only_sales}
+    with pytest.raises(ValueError, match="sale.auc is undefined on this data .* drop that rule"):
+        apply_gate(metrics, [("sale", "auc", ">=", 0.6)], None, 0.0)
+    assert apply_gate(metrics, [("full", "ndcg@10", ">=", 0.1)], None, 0.0)["passed"] is True
