@@ -35,7 +35,8 @@ from hvd_ctsm.data.dataset_meta import DatasetError as DatasetError
 from hvd_ctsm.data.dataset_meta import DatasetMeta as DatasetMeta
 from hvd_ctsm.data.dataset_meta import check_same_vocabulary as check_same_vocabulary
 from hvd_ctsm.data.dataset_meta import read_metadata as read_metadata
-from hvd_ctsm.data.schema import EVENT_TYPES  # importing it also quiets Petastorm's warnings
+# Importing the schema also quiets Petastorm's deprecation warnings.
+from hvd_ctsm.data.schema import EVENT_TYPES  # noqa: F401
 
 HISTORY_FIELDS = ("item", "event_type", "value", "log_gap")
 TARGET_FIELDS = ("target_pos", "target_item", "target_label", "target_log_dt")
@@ -70,12 +71,6 @@ def verify_split(data_dir: str | Path, name: str, meta: DatasetMeta | None = Non
         if extra:
             raise DatasetError(f"{folder} holds files metadata.json does not list ({extra}): "
                                f"{fix}")
-
-
-def model_sizes_kwargs(meta: DatasetMeta) -> dict:
-    """ModelSizes fields from metadata.json (attribute order = client_attrs column order)."""
-    return {"num_items": meta.num_items, "num_event_types": len(EVENT_TYPES) + 1,
-            "attr_sizes": meta.attr_sizes, "max_len": meta.max_len}
 
 
 _VERIFIED: set[tuple[str, str]] = set()  # (dataset, split) checked by this process

@@ -17,22 +17,22 @@ import time
 
 import torch
 
-from hvd_ctsm.data.batches import eval_batches, split_url
-from hvd_ctsm.data.dataset_meta import DatasetMeta, check_same_vocabulary, read_metadata
+from hvd_ctsm.data.batches import eval_batches
+from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.evaluation import gate
 from hvd_ctsm.evaluation.evaluate import Popularity, evaluate, model_scorer, paired_differences
 from hvd_ctsm.model.checkpoint import load_model, model_file
 
 
-def evaluate_model(data: str, meta: DatasetMeta, model_path: str, split: str, seed: int):
-    """One saved model's EvalResult on a split of `data` (whose vocabulary it must share)."""
+def evaluate_model(dataset: Dataset, model_path: str, split: str, seed: int):
+    """One saved model's EvalResult on a split of the dataset (whose vocabulary it must share)."""
     model, state = load_model(model_path)
-    check_same_vocabulary(state, meta, model_path, data,
-                          "backtest on the features it was trained on (or retrain)")
-    batches = eval_batches(split_url(data, split), 0, 1, 256, meta.max_len)
+    dataset.check_model(state, model_path, "backtest on the features it was trained on (or "
+                        "retrain)")
+    batches = eval_batches(dataset.split(split), 0, 1, 256, dataset.meta.max_len)
     return evaluate(batches, model_scorer(model, torch.device("cpu")),
-                    meta.num_items, seed=seed, keep_ranks=True)
+                    dataset.meta.num_items, seed=seed, keep_ranks=True)
 
 
 def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
@@ -40,18 +40,18 @@ def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
     """The model against popularity (and, given `baseline`, another trained model such as the
     SASRec-style `--config sasrec` run) on the same targets and sampled negatives."""
     t0 = time.perf_counter()
-    meta = read_metadata(data)
+    dataset = Dataset.open(data)
     for name in ("train", split):  # a damaged or incomplete dataset stops before the model loads
-        split_url(data, name)
-    ours = evaluate_model(data, meta, model_path, split, seed)
-    num_items, max_len = meta.num_items, meta.max_len
-    url = split_url(data, split)
-    counts = Popularity.fit(eval_batches(split_url(data, "train"), 0, 1, 256, max_len), num_items)
+        dataset.split(name)
+    ours = evaluate_model(dataset, model_path, split, seed)
+    num_items, max_len = dataset.meta.num_items, dataset.meta.max_len
+    url = dataset.split(split)
+    counts = Popularity.fit(eval_batches(dataset.split("train"), 0, 1, 256, max_len), num_items)
     popularity = evaluate(eval_batches(url, 0, 1, 256, max_len), counts.scorer(), num_items,
                           seed=seed, keep_ranks=True)
     others, compared = {}, {"popularity": popularity}
     if baseline:
-        compared["baseline"] = evaluate_model(data, meta, baseline, split, seed)
+        compared["baseline"] = evaluate_model(dataset, baseline, split, seed)
         others = {"baseline": compared["baseline"].summary(),
                   "baseline_path": str(model_file(baseline))}
     # model - each other scorer, target by target: is a gap more than the clients' noise?

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from hvd_ctsm import distributed as dist
-from hvd_ctsm.data.batches import split_url
 from hvd_ctsm.train import faults
 from hvd_ctsm.train.elastic import (GlobalOrder, RowGroupCache, SampleClock, announce_size,
                                     check_elastic_config, epoch_batches, plan_or_fail, row_groups,
@@ -25,11 +24,11 @@ from hvd_ctsm.train.trainer import Trainer, start_rank
 
 
 def build(cfg, init_from) -> tuple[Trainer, list, SampleClock, int]:
-    meta, device, model = start_rank(cfg)
+    dataset, device, model = start_rank(cfg)
     if init_from:
         # rank 0 loads; the first sync broadcasts its weights
         warm_start(model, init_from, dist.is_root())
-    groups = row_groups(split_url(cfg.data.path, "train"))
+    groups = row_groups(dataset.split("train"))
     batch = cfg.data.batch_size
     plan_or_fail(groups, batch, dist.size())
     clock = SampleClock(batch * dist.size())
@@ -40,7 +39,7 @@ def build(cfg, init_from) -> tuple[Trainer, list, SampleClock, int]:
                                          cfg.dist)
     factor = lr_schedule(cfg.optim, lr_scale(cfg.optim, clock.unit), total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: factor(clock.step()))
-    trainer = Trainer(cfg, meta, model, device, optimizer, scheduler, net=net,
+    trainer = Trainer(cfg, dataset, model, device, optimizer, scheduler, net=net,
                       effective_batch=clock.unit, total_steps=total)
     return trainer, groups, clock, steps_per_epoch
 
@@ -49,7 +48,7 @@ def run(cfg, init_from: str | None = None) -> dict:
     check_elastic_config(cfg)
     trainer, groups, clock, steps_per_epoch = build(cfg, init_from)
     out, batch = Path(cfg.out), cfg.data.batch_size
-    cache = RowGroupCache(split_url(cfg.data.path, "train"))
+    cache = RowGroupCache(trainer.dataset.split("train"))
     started = time.time()
     state = dist.elastic_state(trainer.model, trainer.optimizer, epoch=0, rows=0, step=0,
                                samples=0, size=dist.size(), best={"ndcg@10": float("-inf")},

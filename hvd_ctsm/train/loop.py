@@ -21,7 +21,7 @@ import torch
 
 from hvd_ctsm import distributed as dist
 from hvd_ctsm.config import TrainConfig
-from hvd_ctsm.data.batches import plan_epoch, prefetch, split_url, train_batches
+from hvd_ctsm.data.batches import plan_epoch, prefetch, train_batches
 from hvd_ctsm.model.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.train import faults
 from hvd_ctsm.train.support import (lr_scale, lr_schedule, make_optimizer, progress_bar,
@@ -89,9 +89,9 @@ def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) 
 
 def build_trainer(cfg: TrainConfig) -> Trainer:
     """Model, optimizer and schedule for epochs of `plan_epoch` steps on every rank."""
-    meta, device, model = start_rank(cfg)
+    dataset, device, model = start_rank(cfg)
     micro = cfg.dist.backward_passes_per_step
-    plan = plan_epoch(split_url(cfg.data.path, "train"), dist.size(), cfg.data.batch_size * micro,
+    plan = plan_epoch(dataset.split("train"), dist.size(), cfg.data.batch_size * micro,
                       cfg.data.balance)
     total_steps = plan.steps * cfg.epochs
     effective_batch = cfg.data.batch_size * dist.size() * micro
@@ -110,7 +110,7 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
                      plan.target_budget, plan.targets_per_shard)
         if plan.by_length:
             log.info("batches grouped by history length, each padded to its longest")
-    return Trainer(cfg, meta, model, device, optimizer, scheduler, net=net,
+    return Trainer(cfg, dataset, model, device, optimizer, scheduler, net=net,
                    effective_batch=effective_batch, total_steps=total_steps, plan=plan)
 
 
@@ -173,7 +173,7 @@ def read_ahead_now(trainer: Trainer, epoch: int, done: int, step: int, stop_at: 
 def epoch_batches(trainer: Trainer, epoch: int, skip: int):
     """This rank's micro-batches of one epoch, produced ahead by a thread that starts now."""
     cfg, micro = trainer.cfg, trainer.cfg.dist.backward_passes_per_step
-    batches = train_batches(split_url(cfg.data.path, "train"), dist.rank(), dist.size(), epoch,
+    batches = train_batches(trainer.dataset.split("train"), dist.rank(), dist.size(), epoch,
                             trainer.plan, cfg.data.batch_size * micro, trainer.model.sizes.max_len,
                             cfg.seed, cfg.data.shuffle_buffer, skip=skip)
     batches = prefetch((chunk for big in batches for chunk in split_batch(big, micro)),

@@ -15,9 +15,8 @@ import torch
 
 from hvd_ctsm import distributed as dist
 from hvd_ctsm.config import ConfigError, OptimConfig, TrainConfig
-from hvd_ctsm.data.batches import model_sizes_kwargs
-from hvd_ctsm.data.dataset_meta import (DatasetMeta, check_same_vocabulary, item_categories,
-                                        item_tags)
+from hvd_ctsm.data.dataset import Dataset
+from hvd_ctsm.data.dataset_meta import DatasetMeta, check_same_vocabulary
 from hvd_ctsm.model.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.model.ctsm import ModelSizes
 from hvd_ctsm.train import faults
@@ -25,16 +24,12 @@ from hvd_ctsm.train import faults
 log = logging.getLogger("hvd_ctsm.train")
 
 
-def build_model_sizes(meta: DatasetMeta, data_dir: str | None = None, categories: bool = False,
+def build_model_sizes(data: Dataset | DatasetMeta, categories: bool = False,
                       tags: bool = False) -> ModelSizes:
-    """The model's sizes from the dataset's metadata; from data_dir's vocab.json also its
-    items' categories (model.item_category) and tags (model.item_tags) when asked for."""
-    kwargs = model_sizes_kwargs(meta)
-    if categories:
-        kwargs["item_category"] = item_categories(data_dir, meta)
-    if tags:
-        kwargs["item_tags"] = item_tags(data_dir, meta)
-    return ModelSizes(**kwargs)
+    """The model's sizes from a dataset (Dataset.sizes); metadata alone gives the plain sizes."""
+    if isinstance(data, DatasetMeta):
+        data = Dataset("", data)
+    return ModelSizes(**data.sizes(categories, tags))
 
 
 def lr_scale(optim: OptimConfig, effective_batch: int) -> float:

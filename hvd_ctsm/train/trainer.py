@@ -27,8 +27,8 @@ from hvd_ctsm import distributed as dist
 from hvd_ctsm import tracking
 from hvd_ctsm.config import TrainConfig, save_config, to_dict
 from hvd_ctsm.config.types import check
-from hvd_ctsm.data.batches import EpochPlan, eval_batches, split_url
-from hvd_ctsm.data.dataset_meta import DatasetMeta, read_metadata
+from hvd_ctsm.data.batches import EpochPlan, eval_batches
+from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.evaluation.evaluate import evaluate, model_scorer
 from hvd_ctsm.files import outputs
 from hvd_ctsm.files.atomic import atomic_write_bytes
@@ -42,10 +42,9 @@ from hvd_ctsm.train.weight_average import WeightAverage
 log = logging.getLogger("hvd_ctsm.train")
 
 
-def start_rank(cfg: TrainConfig) -> tuple[DatasetMeta, torch.device, CTSM]:
-    """The dataset's metadata, the backend started, and this rank's model (same seed
-    everywhere)."""
-    meta = read_metadata(cfg.data.path)  # a bad dataset stops here, before any collective
+def start_rank(cfg: TrainConfig) -> tuple[Dataset, torch.device, CTSM]:
+    """The dataset, the backend started, and this rank's model (same seed everywhere)."""
+    dataset = Dataset.open(cfg.data.path)  # a bad dataset stops here, before any collective
     dist.start(cfg.dist.backend, cfg.dist.threads_per_rank, cfg.dist.fusion_threshold_mb,
                cfg.dist.cycle_time_ms)
     device = torch.device(f"cuda:{dist.local_rank()}" if torch.cuda.is_available() else "cpu")
@@ -53,7 +52,7 @@ def start_rank(cfg: TrainConfig) -> tuple[DatasetMeta, torch.device, CTSM]:
     if keep or (keep is None and device.type == "cpu"):
         keep_freed_memory()
     torch.manual_seed(cfg.seed)
-    sizes = build_model_sizes(meta, cfg.data.path, cfg.model.item_category, cfg.model.item_tags)
+    sizes = build_model_sizes(dataset, cfg.model.item_category, cfg.model.item_tags)
     model = CTSM.from_config(sizes, asdict(cfg.model))
     loss = model.heads["next_item"].loss_kind if "next_item" in model.heads else None
     sparse = cfg.dist.sparse_gradients
@@ -65,7 +64,7 @@ def start_rank(cfg: TrainConfig) -> tuple[DatasetMeta, torch.device, CTSM]:
           "gradients only: set dist.sparse_gradients=false, or dist.compression=none")
     if sparse:
         model.encoder.use_sparse_gradients()
-    return meta, device, model.to(device)
+    return dataset, device, model.to(device)
 
 
 def describe_loss(cfg: TrainConfig, model: CTSM) -> str:
@@ -129,11 +128,12 @@ LOSS_NAMES = {"full": "full: exact softmax over every item, in item chunks",
 class Trainer:
     """The model, its optimizer and schedule on this rank, and the steps of training it."""
 
-    def __init__(self, cfg: TrainConfig, meta: DatasetMeta, model: CTSM, device: torch.device,
+    def __init__(self, cfg: TrainConfig, dataset: Dataset, model: CTSM, device: torch.device,
                  optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
                  *, net: torch.nn.Module, effective_batch: int, total_steps: int,
                  plan: EpochPlan | None = None):
-        self.cfg, self.meta, self.model, self.device = cfg, meta, model, device
+        self.cfg, self.dataset, self.model, self.device = cfg, dataset, model, device
+        self.meta = dataset.meta
         self.optimizer, self.scheduler = optimizer, scheduler
         self.net = net  # what forward() is called on: the model, or its DDP wrapper
         self.effective_batch, self.total_steps, self.plan = effective_batch, total_steps, plan
@@ -237,7 +237,7 @@ class Trainer:
         exactly (sums and counts over ranks, all labels gathered); rank 0 logs them with
         `record` (epoch, step, ...) to TensorBoard and metrics.jsonl."""
         self.model.eval()
-        batches = eval_batches(split_url(self.cfg.data.path, "validation"), dist.rank(),
+        batches = eval_batches(self.dataset.split("validation"), dist.rank(),
                                dist.size(), batch_size=256, max_len=self.model.sizes.max_len)
         with self.averaged():
             result = evaluate(batches, model_scorer(self.model, self.device),

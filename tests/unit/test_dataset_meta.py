@@ -95,3 +95,19 @@ def test_item_tags_are_read_from_vocab_json_and_an_older_dataset_is_refused(tmp_
     (tmp_path / "vocab.json").write_text(json.dumps({"tags": names, "item_tags": [[], [1]]}))
     with pytest.raises(DatasetError, match="not a list of tag indices"):  # damaged: refused
         item_tags(tmp_path, meta, required=False)
+
+
+def test_a_dataset_owns_its_path_metadata_sizes_and_model_check(tmp_path):
+    from hvd_ctsm.data.dataset import Dataset
+    from hvd_ctsm.data.schema import EVENT_TYPES
+
+    write_meta(tmp_path)
+    dataset = Dataset.open(tmp_path)
+    assert dataset.path == str(tmp_path) and dataset.meta.num_items == 301
+    assert dataset.sizes() == {"num_items": 301, "num_event_types": len(EVENT_TYPES) + 1,
+                               "attr_sizes": [7, 12], "max_len": 50}
+    dataset.check_model({"vocab_sha256": "ab" * 32, "sizes": {"num_items": 301}}, "m", "fix")
+    with pytest.raises(DatasetError, match="m was trained on another vocabulary .*: fix"):
+        dataset.check_model({"vocab_sha256": "cd" * 32, "sizes": {"num_items": 301}}, "m", "fix")
+    with pytest.raises(DatasetError, match="not a folder"):
+        Dataset.open(tmp_path / "missing")
