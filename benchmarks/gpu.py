@@ -75,15 +75,17 @@ class Results:
 
 def preload(data: Path, batches: int, device) -> tuple[list[dict], object]:
     from hvd_ctsm.config import load_config
-    from hvd_ctsm.data.batches import plan_epoch, read_metadata, split_url, train_batches
+    from hvd_ctsm.data.batches import plan_epoch, train_batches
+    from hvd_ctsm.data.dataset import Dataset
 
-    cfg, meta, url = load_config(), read_metadata(data), split_url(data, "train")
+    cfg, dataset = load_config(), Dataset.open(data)
+    url, meta = dataset.split("train"), dataset.meta
     plan = replace(plan_epoch(url, 1, cfg.data.batch_size), steps=batches)
     rows = train_batches(url, 0, 1, 0, plan, cfg.data.batch_size, meta.max_len, seed=0)
-    return [{k: v.to(device) for k, v in b.items()} for b in rows], meta
+    return [{k: v.to(device) for k, v in b.items()} for b in rows], dataset
 
 
-def step_cell(batches: list[dict], meta, items: int, loss: str, amp: str, steps: int,
+def step_cell(batches: list[dict], dataset, items: int, loss: str, amp: str, steps: int,
               warmup: int, device) -> dict:
     """One model at one catalog size: median seconds a step, targets/s, peak GPU memory."""
     import torch
@@ -96,7 +98,7 @@ def step_cell(batches: list[dict], meta, items: int, loss: str, amp: str, steps:
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     cfg = load_config(None, [f"model.loss={loss}"])
-    sizes = build_model_sizes(meta)  # the data's own items, or more (never occurring ones)
+    sizes = build_model_sizes(dataset)  # the data's own items, or more (never occurring ones)
     sizes = replace(sizes, num_items=max(items, sizes.num_items))
     row = {"items": sizes.num_items, "loss": resolve_loss(loss, sizes.num_items + 1), "amp": amp}
     torch.manual_seed(0)
@@ -141,7 +143,7 @@ def step_cell(batches: list[dict], meta, items: int, loss: str, amp: str, steps:
 def steps_part(data: Path, results: Results, budget: float, steps: int, warmup: int,
                device, items: tuple[int, ...]) -> None:
     start = time.monotonic()
-    batches, meta = preload(data, 8, device)
+    batches, dataset = preload(data, 8, device)
     cells = [(n, "auto", amp) for n in items for amp in AMPS]
     cells += [(n, "full", "bf16") for n in items if n > 25_000]
     for items, loss, amp in cells:
@@ -149,7 +151,7 @@ def steps_part(data: Path, results: Results, budget: float, steps: int, warmup: 
             results.add("steps", {"items": items, "loss": loss, "amp": amp,
                                   "error": f"skipped: the part's {budget:.0f} s were spent"})
             continue
-        results.add("steps", step_cell(batches, meta, items, loss, amp, steps, warmup, device))
+        results.add("steps", step_cell(batches, dataset, items, loss, amp, steps, warmup, device))
 
 
 def ml100k_run(data: Path, out: Path, work: Path, amp: str, seed: int, timeout: float,

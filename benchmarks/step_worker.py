@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from hvd_ctsm.data.batches import plan_epoch, read_metadata, split_url, train_batches
+from hvd_ctsm.data.batches import plan_epoch, split_url, train_batches
+from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.model.ctsm import CTSM
 from hvd_ctsm.train.support import build_model_sizes
 
@@ -216,8 +217,9 @@ def main(argv=None) -> int:
     knobs = KNOBS | json.loads(args.knobs)
     backend = Backend(args.backend)
     backend.start(knobs)
-    meta = read_metadata(args.data)
-    sizes = build_model_sizes(meta)
+    dataset = Dataset.open(args.data)
+    meta = dataset.meta
+    sizes = build_model_sizes(dataset)
     if args.items:
         sizes = replace(sizes, num_items=max(args.items, sizes.num_items))
     torch.manual_seed(0)

@@ -24,12 +24,10 @@ from hvd_ctsm.train import faults
 log = logging.getLogger("hvd_ctsm.train")
 
 
-def build_model_sizes(data: Dataset | DatasetMeta, categories: bool = False,
+def build_model_sizes(dataset: Dataset, categories: bool = False,
                       tags: bool = False) -> ModelSizes:
-    """The model's sizes from a dataset (Dataset.sizes); metadata alone gives the plain sizes."""
-    if isinstance(data, DatasetMeta):
-        data = Dataset("", data)
-    return ModelSizes(**data.sizes(categories, tags))
+    """The model's sizes from the dataset (Dataset.sizes)."""
+    return ModelSizes(**dataset.sizes(categories, tags))
 
 
 def lr_scale(optim: OptimConfig, effective_batch: int) -> float:
