@@ -28,7 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -107,7 +107,7 @@ def step_cell(batches: list[dict], dataset, items: int, loss: str, amp: str, ste
         torch.cuda.reset_peak_memory_stats()
     model = optimizer = None
     try:
-        model = CTSM.from_config(sizes, asdict(cfg.model)).to(device).train()
+        model = CTSM(sizes, cfg.model).to(device).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         autocast, scaler = autocast_for(amp, device)
         times, losses = [], []

@@ -62,12 +62,12 @@ def record_fingerprint(record: dict) -> str | None:
     settings added since do not tell apart trials that trained the same model; None
     when the record has no config or today's classes refuse it (a setting was removed)."""
     from hvd_ctsm.config import ConfigError, TrainConfig, from_dict, to_dict
-    from hvd_ctsm.model.ctsm import LEGACY_ARCH
+    from hvd_ctsm.config.model_config import LEGACY_ARCH
 
     if not record.get("config"):
         return None
     # A model setting the record predates is filled in as the behaviour it trained with (what
-    # CTSM.from_config does for an old model.pt), not as today's default, which may differ.
+    # ModelConfig.from_saved does for an old model.pt), not as today's default, which may differ.
     config = dict(record["config"])
     config["model"] = LEGACY_ARCH | config.get("model", {})
     try:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from hvd_ctsm.config.model_config import ModelConfig
 from hvd_ctsm.data.batches import plan_epoch, split_url, train_batches
 from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.model.ctsm import CTSM
@@ -223,7 +224,8 @@ def main(argv=None) -> int:
     if args.items:
         sizes = replace(sizes, num_items=max(args.items, sizes.num_items))
     torch.manual_seed(0)
-    model = CTSM(sizes, dim=args.dim, layers=args.layers, heads=2, dropout=0.0, loss=args.loss)
+    model = CTSM(sizes, ModelConfig(dim=args.dim, layers=args.layers, heads=2, dropout=0.0,
+                                     loss=args.loss))
     numel = sum(p.numel() for p in model.parameters())
     model, optimizer = backend.wrap(model, torch.optim.AdamW(model.parameters(), lr=1e-3), knobs)
     shard = (backend.rank, backend.size)

@@ -3,12 +3,14 @@
 Each field's docstring says what it does and why its default; the numbers behind each choice,
 and what was tried and rejected, are in benchmarks/results/quality_history.md. The trainer's
 other sections and the loading of presets and overrides are in hvd_ctsm.config, which holds
-this one as TrainConfig.model; hvd_ctsm.model.ctsm builds the network from it (as a dict).
+this one as TrainConfig.model; hvd_ctsm.model.ctsm builds the network from it, CTSM(sizes, cfg).
+A saved model's section is read back with ModelConfig.from_saved (LEGACY_ARCH for the settings
+it predates).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from hvd_ctsm.config.types import check, one_of
 
@@ -130,6 +132,14 @@ class ModelConfig:
     head's 0.5 (0.3 from 2026-11-25, 0.1 before): its validation AUC rose or stayed level on
     all nine runs with ranking level; weight 1 cost ranking."""
 
+    @classmethod
+    def from_saved(cls, section: dict) -> ModelConfig:
+        """The config a saved `model` section (a model.pt's, a run's config.yaml) describes: a
+        setting the section predates is what such a model was built with (LEGACY_ARCH), not
+        today's default; a setting since retired is left out."""
+        known = {f.name for f in fields(cls)}
+        return cls(**(LEGACY_ARCH | {k: v for k, v in section.items() if k in known}))
+
     def __post_init__(self):
         check(self.dim >= 1 and self.layers >= 1 and self.heads >= 1, "model sizes must be >= 1")
         check(self.dim % self.heads == 0, f"model.dim {self.dim} is not divisible by "
@@ -159,3 +169,28 @@ class ModelConfig:
         for name, weight in self.head_weights.items():
             one_of("model.head_weights key", name, {"next_item", "sale"})
             check(weight >= 0, f"model.head_weights[{name}] must be >= 0")
+
+
+# Architecture settings of models saved before they existed: such a model.pt is rebuilt as it was.
+LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias": True,
+               "exclude_seen": False, "recency_bias": False, "uniform_bce_weight": 0.0,
+               "exclude_tied": False, "attention_dropout": None, "future_targets": 1,
+               "future_decay": 0.5, "time_bias": False, "item_category": False,
+               "item_tags": False, "learned_positions": True, "position_buckets": 0,
+               "feature_init_std": None, "shared_negatives": 2048}
+
+# What makes two saved models the same network (besides vocabulary sizes): a warm start copies
+# weights only between equal architectures. Dropout, loss and loss weights may change.
+ARCHITECTURE = ("dim", "layers", "heads", "block", "ff_mult", "side_features", "recency_bias",
+                "item_bias", "time_bias", "item_category", "item_tags", "learned_positions",
+                "position_buckets")
+
+# Settings that only decide how a new model's weights are drawn: --resume may change them.
+INIT_ONLY = ("feature_init_std",)
+
+
+def architecture(model: dict) -> dict:
+    """The architecture a config's `model` section describes (old sections read as LEGACY_ARCH),
+    with the heads it trains under 'outputs'."""
+    filled = LEGACY_ARCH | model
+    return {k: filled[k] for k in ARCHITECTURE} | {"outputs": sorted(model["head_weights"])}

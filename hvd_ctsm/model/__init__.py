@@ -7,6 +7,8 @@
 - `checkpoint`: a model's state on disk, written atomically, and the one model loader
   (`load_model`: a registry, a run folder or a model.pt).
 
-The network (ctsm, heads, catalog) imports only torch: it knows nothing of ranks, datasets or
-config files. `checkpoint` may also import `hvd_ctsm.files`, `topk` `hvd_ctsm.data` (batches).
+The network (ctsm, heads, catalog) imports only torch and the typed config it is built from,
+`CTSM(sizes, ModelConfig)`: it knows nothing of ranks, datasets or config files. Every default
+of the network is ModelConfig's (hvd_ctsm.config.model_config), written once.
+`checkpoint` may also import `hvd_ctsm.files`, `topk` `hvd_ctsm.data` (batches).
 """

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hvd_ctsm.config.model_config import ModelConfig
 from hvd_ctsm.model.heads import NextItemHead, SaleHead
 
 
@@ -169,27 +170,23 @@ def draw(table: nn.Embedding, std: float) -> None:
 class TemporalEncoder(nn.Module):
     """Client state at every position from that position's event and all earlier ones."""
 
-    def __init__(self, sizes: ModelSizes, dim: int, layers: int, heads: int, dropout: float,
-                 block: str = "residual", ff_mult: int = 4, side_features: bool = True,
-                 recency_bias: bool = False, attention_dropout: float | None = None,
-                 time_bias: bool = False, item_category: bool = False, item_tags: bool = False,
-                 learned_positions: bool = True, position_buckets: int = 0,
-                 feature_init_std: float | None = None):
+    def __init__(self, sizes: ModelSizes, cfg: ModelConfig):
         super().__init__()
+        dim, heads, side_features = cfg.dim, cfg.heads, cfg.side_features
         if dim % heads:
             raise ValueError(f"model dim {dim} is not divisible by heads {heads}")
-        if block not in MERGES:
-            raise ValueError(f"unknown block {block!r}; known: {sorted(MERGES)}")
+        if cfg.block not in MERGES:
+            raise ValueError(f"unknown block {cfg.block!r}; known: {sorted(MERGES)}")
         self.item = nn.Embedding(sizes.num_items, dim, padding_idx=0)
         # A learned vector per place in the window, counted from its first event (as SASRec),
         # or with position_buckets one per bucket of places.
         self.position = None
-        if learned_positions:
-            places = position_bucket_of(sizes.max_len, position_buckets)
+        if cfg.learned_positions:
+            places = position_bucket_of(sizes.max_len, cfg.position_buckets)
             self.register_buffer("place_to_row", places, persistent=False)
             self.position = nn.Embedding(int(places.max()) + 1, dim)
         self.category = None
-        if item_category:  # an item's vector adds its category's, shared by the category's items
+        if cfg.item_category:  # an item's vector adds its category's, shared by its items
             known = sizes.item_category or [0] * sizes.num_items
             if len(known) != sizes.num_items:
                 raise ValueError(f"{len(known)} item categories for {sizes.num_items} items")
@@ -197,7 +194,7 @@ class TemporalEncoder(nn.Module):
             self.category = nn.Embedding(max(known) + 1, dim, padding_idx=0)
             draw(self.category, dim**-0.5)
         self.tags = None
-        if item_tags:  # an item's vector adds the mean of its tags' vectors
+        if cfg.item_tags:  # an item's vector adds the mean of its tags' vectors
             self._init_tags(sizes, dim)
         self.side_features = side_features
         if side_features:
@@ -207,19 +204,20 @@ class TemporalEncoder(nn.Module):
             # Continuous features: the event's value and the log time gap to the previous event.
             self.numeric = nn.Sequential(nn.Linear(2, dim), nn.GELU(), nn.Linear(dim, dim))
         self.blocks = nn.ModuleList(
-            CausalBlock(dim, heads, dropout, block, ff_mult, attention_dropout)
-            for _ in range(layers))
+            CausalBlock(dim, heads, cfg.dropout, cfg.block, cfg.ff_mult, cfg.attention_dropout)
+            for _ in range(cfg.layers))
         self.norm = nn.LayerNorm(dim)
-        self.dropout = nn.Dropout(dropout)
-        self.dim, self.heads, self.use_recency_bias = dim, heads, recency_bias
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.dim, self.heads, self.use_recency_bias = dim, heads, cfg.recency_bias
         # One slope per head, from 1 (mostly the last hours) halving head by head; learned.
-        self.time_slopes = nn.Parameter(0.5 ** torch.arange(heads).float()) if time_bias else None
+        slopes = 0.5 ** torch.arange(heads).float()
+        self.time_slopes = nn.Parameter(slopes) if cfg.time_bias else None
         draw(self.item, dim**-0.5)
-        if feature_init_std is not None:  # None: PyTorch's default, 1 (the draws as before)
+        if cfg.feature_init_std is not None:  # None: PyTorch's default, 1 (the draws as before)
             # The tables added to each event's item vector; the item's own starts at 1.
             added = [self.position] if self.position is not None else []
             for table in added + ([self.event_type, *self.attrs] if side_features else []):
-                draw(table, feature_init_std)
+                draw(table, cfg.feature_init_std)
 
     def _init_tags(self, sizes: ModelSizes, dim: int) -> None:
         """item_to_tags: [num_items, most tags] tag indices padded with 0; tag_share: 1 / each
@@ -303,71 +301,25 @@ class TemporalEncoder(nn.Module):
         return bias
 
 
-# Architecture settings of models saved before they existed: such a model.pt is rebuilt as it was.
-LEGACY_ARCH = {"block": "gated", "ff_mult": 4, "side_features": True, "item_bias": True,
-               "exclude_seen": False, "recency_bias": False, "uniform_bce_weight": 0.0,
-               "exclude_tied": False, "attention_dropout": None, "future_targets": 1,
-               "future_decay": 0.5, "time_bias": False, "item_category": False,
-               "item_tags": False, "learned_positions": True, "position_buckets": 0,
-               "feature_init_std": None, "shared_negatives": 2048}
-
-
-# What makes two saved models the same network (besides vocabulary sizes): a warm start copies
-# weights only between equal architectures. Dropout, loss and loss weights may change.
-ARCHITECTURE = ("dim", "layers", "heads", "block", "ff_mult", "side_features", "recency_bias",
-                "item_bias", "time_bias", "item_category", "item_tags", "learned_positions",
-                "position_buckets")
-
-
-# Settings that only decide how a new model's weights are drawn: --resume may change them.
-INIT_ONLY = ("feature_init_std",)
-
-
-def architecture(model: dict) -> dict:
-    """The architecture a config's `model` section describes (old sections read as LEGACY_ARCH),
-    with the heads it trains under 'outputs'."""
-    filled = LEGACY_ARCH | model
-    return {k: filled[k] for k in ARCHITECTURE} | {"outputs": sorted(model["head_weights"])}
-
-
 class CTSM(nn.Module):
     """Encoder plus heads. forward() returns {head name: loss} for a batch with targets."""
 
-    def __init__(self, sizes: ModelSizes, dim=64, layers=3, heads=4, dropout=0.2,
-                 loss="auto", negatives=100, head_names=("next_item", "sale"),
-                 block="residual", ff_mult=4, side_features=True, item_bias=True,
-                 exclude_seen=True, recency_bias=True, uniform_bce_weight=0.0, exclude_tied=False,
-                 attention_dropout=0.0, future_targets=1, future_decay=0.5, time_bias=False,
-                 item_category=False, item_tags=False, learned_positions=True,
-                 position_buckets=0, feature_init_std=None, shared_negatives=2048):
+    def __init__(self, sizes: ModelSizes, cfg: ModelConfig):
         super().__init__()
-        self.sizes = sizes
-        self.encoder = TemporalEncoder(sizes, dim, layers, heads, dropout, block, ff_mult,
-                                       side_features, recency_bias, attention_dropout, time_bias,
-                                       item_category, item_tags, learned_positions,
-                                       position_buckets, feature_init_std)
-        built = {"next_item": lambda: NextItemHead(self.encoder, loss, negatives, item_bias,
-                                                   exclude_seen, uniform_bce_weight, exclude_tied,
-                                                   future_targets, future_decay,
-                                                   shared_negatives),
-                 "sale": lambda: SaleHead(self.encoder, dim)}
-        unknown = set(head_names) - set(built)
+        self.sizes, self.cfg = sizes, cfg
+        self.encoder = TemporalEncoder(sizes, cfg)
+        built = {"next_item": lambda: NextItemHead(self.encoder, cfg),
+                 "sale": lambda: SaleHead(self.encoder, cfg.dim)}
+        unknown = set(cfg.head_weights) - set(built)
         if unknown:
             raise ValueError(f"unknown heads {sorted(unknown)}; known: {sorted(built)}")
-        self.heads = nn.ModuleDict({name: built[name]() for name in head_names})
-
-    @classmethod
-    def from_config(cls, sizes: ModelSizes, model: dict) -> CTSM:
-        """The model a config's `model` section describes (a dict, e.g. asdict(cfg.model))."""
-        arch = LEGACY_ARCH | {k: model[k] for k in LEGACY_ARCH if k in model}
-        return cls(sizes, dim=model["dim"], layers=model["layers"], heads=model["heads"],
-                   dropout=model["dropout"], loss=model["loss"], negatives=model["negatives"],
-                   head_names=tuple(model["head_weights"]), **arch)
+        self.heads = nn.ModuleDict({name: built[name]() for name in cfg.head_weights})
 
     @classmethod
     def from_checkpoint(cls, state: dict) -> CTSM:
         """The model saved in a model.pt state (checkpoint.load_state), in eval mode."""
-        model = cls.from_config(ModelSizes(**state["sizes"]), state["config"]["model"])
+        cfg = ModelConfig.from_saved(state["config"]["model"])
+        model = cls(ModelSizes(**state["sizes"]), cfg)
         model.load_state_dict(state["model"])
         return model.eval()
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hvd_ctsm.config.model_config import ModelConfig
 from hvd_ctsm.model import catalog
 
 
@@ -38,18 +39,18 @@ class NextItemHead(nn.Module):
     no negatives of it.
     """
 
-    def __init__(self, encoder: nn.Module, loss: str, negatives: int, item_bias=True,
-                 exclude_seen=False, uniform_bce_weight=0.0, exclude_tied=False,
-                 future_targets=1, future_decay=0.5, shared_negatives=2048):
+    def __init__(self, encoder: nn.Module, cfg: ModelConfig):
         super().__init__()
         self.encoder = [encoder]  # a list: share the embedding without registering it twice
         # Without item_bias the vector stays zero (same state keys, so checkpoints load either way).
-        self.bias = nn.Parameter(torch.zeros(encoder.item.num_embeddings), requires_grad=item_bias)
-        self.loss_kind = resolve_loss(loss, self.bias.shape[0], future_targets, uniform_bce_weight)
-        self.negatives, self.exclude_seen = negatives, exclude_seen
-        self.uniform_bce_weight, self.exclude_tied = uniform_bce_weight, exclude_tied
-        self.future_targets, self.future_decay = future_targets, future_decay
-        self.shared_negatives = shared_negatives
+        self.bias = nn.Parameter(torch.zeros(encoder.item.num_embeddings),
+                                 requires_grad=cfg.item_bias)
+        self.loss_kind = resolve_loss(cfg.loss, self.bias.shape[0], cfg.future_targets,
+                                      cfg.uniform_bce_weight)
+        self.negatives, self.exclude_seen = cfg.negatives, cfg.exclude_seen
+        self.uniform_bce_weight, self.exclude_tied = cfg.uniform_bce_weight, cfg.exclude_tied
+        self.future_targets, self.future_decay = cfg.future_targets, cfg.future_decay
+        self.shared_negatives = cfg.shared_negatives
         self.frequency = catalog.TargetFrequency(self.bias.shape[0])
 
     def score(self, states: torch.Tensor, item_ids: torch.Tensor | None = None) -> torch.Tensor:

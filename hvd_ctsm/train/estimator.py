@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hvd_ctsm.config.model_config import ModelConfig
 from hvd_ctsm.data.schema import EVENT_TYPES
 from hvd_ctsm.errors import EXIT_BAD_INPUT, arg_parser
 from hvd_ctsm.files import outputs, storage
@@ -59,8 +60,9 @@ class SequenceSaleModel(nn.Module):
         sizes = ModelSizes(num_items=num_items, num_event_types=len(EVENT_TYPES) + 1,
                            attr_sizes=list(attr_sizes or []), max_len=max_len,
                            item_tags=item_tags or [])
-        self.ctsm = CTSM(sizes, dim=dim, layers=layers, heads=heads, dropout=dropout,
-                         head_names=("next_item", "sale"), item_tags=bool(item_tags))
+        cfg = ModelConfig(dim=dim, layers=layers, heads=heads, dropout=dropout,
+                          item_tags=bool(item_tags))
+        self.ctsm = CTSM(sizes, cfg)
 
     def forward(self, history: torch.Tensor, history_type: torch.Tensor,
                 history_value: torch.Tensor, history_gap: torch.Tensor,

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from hvd_ctsm.config import TrainConfig, as_override, to_dict
+from hvd_ctsm.config.model_config import INIT_ONLY, LEGACY_ARCH, architecture
 from hvd_ctsm.distributed.base import launch_rank
 from hvd_ctsm.files import outputs
 from hvd_ctsm.model.checkpoint import load_state
-from hvd_ctsm.model.ctsm import INIT_ONLY, LEGACY_ARCH, architecture
 
 
 def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str,
@@ -42,7 +42,7 @@ def check_resume_matches(out: Path, cfg: TrainConfig) -> None:
     if not saved.exists():
         return
     before = (yaml.safe_load(saved.read_text()) or {}).get("model", {})
-    if before:  # a setting the run predates is what it trained with (as CTSM.from_config reads it)
+    if before:  # a setting the run predates is what it trained with (ModelConfig.from_saved)
         before = LEGACY_ARCH | before
     now = to_dict(cfg)["model"]
     compared = sorted(k for k in now if k in before and k not in INIT_ONLY)

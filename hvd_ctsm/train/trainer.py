@@ -53,7 +53,7 @@ def start_rank(cfg: TrainConfig) -> tuple[Dataset, torch.device, CTSM]:
         keep_freed_memory()
     torch.manual_seed(cfg.seed)
     sizes = build_model_sizes(dataset, cfg.model.item_category, cfg.model.item_tags)
-    model = CTSM.from_config(sizes, asdict(cfg.model))
+    model = CTSM(sizes, cfg.model)
     loss = model.heads["next_item"].loss_kind if "next_item" in model.heads else None
     sparse = cfg.dist.sparse_gradients
     sparse = loss == "shared" if sparse is None else sparse

@@ -175,12 +175,13 @@ def eval_batch(seed, num_items=60, rows=8, window=10):
 
 @pytest.mark.parametrize("chunk", [7, 25])
 def test_chunked_evaluation_gives_the_whole_matrix_ranks(chunk):
+    from hvd_ctsm.config.model_config import ModelConfig
     from hvd_ctsm.evaluation.evaluate import Popularity, evaluate, model_scorer
     from hvd_ctsm.model.ctsm import CTSM, ModelSizes
 
     torch.manual_seed(0)
     model = CTSM(ModelSizes(num_items=60, num_event_types=3, attr_sizes=[2], max_len=10),
-                 dim=8, layers=1, heads=2, dropout=0.0).eval()
+                 ModelConfig(dim=8, layers=1, heads=2, dropout=0.0)).eval()
     batches = [eval_batch(seed) for seed in range(3)]
     popularity = Popularity.fit(batches, 60)
     for scorer in (model_scorer(model, torch.device("cpu")), popularity.scorer()):

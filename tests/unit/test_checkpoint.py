@@ -34,11 +34,11 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog
 
 def test_warm_start_keeps_old_rows_of_a_grown_vocabulary(tmp_path):
     torch.manual_seed(0)
-    old = CTSM(ModelSizes(num_items=20, num_event_types=5, attr_sizes=[3], max_len=8), dim=8,
-               layers=1, heads=2)
+    old = CTSM(ModelSizes(num_items=20, num_event_types=5, attr_sizes=[3], max_len=8),
+               ModelConfig(dim=8, layers=1, heads=2))
     save_state(tmp_path / "model.pt", {"model": old.state_dict()})
-    new = CTSM(ModelSizes(num_items=26, num_event_types=5, attr_sizes=[3], max_len=8), dim=8,
-               layers=1, heads=2)
+    new = CTSM(ModelSizes(num_items=26, num_event_types=5, attr_sizes=[3], max_len=8),
+               ModelConfig(dim=8, layers=1, heads=2))
     warm_start(new, str(tmp_path / "model.pt"), root=True)
     assert torch.equal(new.encoder.item.weight[:20], old.encoder.item.weight)
     assert torch.equal(new.heads["next_item"].bias[:20], old.heads["next_item"].bias)
@@ -50,7 +50,7 @@ def test_warm_start_refuses_another_architecture_in_one_line(tmp_path):
     a new default silently (its weights read with other heads, a third layer left random)."""
     sizes = ModelSizes(num_items=20, num_event_types=5, attr_sizes=[3], max_len=8)
     old_config = ModelConfig(dim=8, layers=1, heads=2, dropout=0.1)
-    old = CTSM.from_config(sizes, asdict(old_config))
+    old = CTSM(sizes, old_config)
     path = str(tmp_path / "model.pt")
     save_state(Path(path), {"model": old.state_dict(), "config": {"model": asdict(old_config)}})
     with pytest.raises(SystemExit) as refused:
@@ -60,7 +60,7 @@ def test_warm_start_refuses_another_architecture_in_one_line(tmp_path):
     assert "model.layers" not in message  # only what differs is named
     same_network = ModelConfig(dim=8, layers=1, heads=2, dropout=0.3, loss="bce")
     check_warm_start_matches(path, TrainConfig(model=same_network))  # passes
-    new = CTSM.from_config(sizes, asdict(same_network))
+    new = CTSM(sizes, same_network)
     warm_start(new, path, root=True)
     assert torch.equal(new.encoder.blocks[0].qkv.weight, old.encoder.blocks[0].qkv.weight)
 

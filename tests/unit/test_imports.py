@@ -211,12 +211,15 @@ def test_the_package_is_folders_with_few_top_level_modules_each_saying_what_it_o
 
 def test_the_network_imports_only_torch():
     """The model knows nothing of distribution, datasets or files: the encoder, its heads and
-    its catalog losses import torch (numpy, the standard library) and each other only."""
+    its catalog losses import torch (numpy, the standard library), each other and the typed
+    config they are built from (CTSM(sizes, ModelConfig), as litgpt's GPT(config)) only."""
     network = ("hvd_ctsm.model.ctsm", "hvd_ctsm.model.heads", "hvd_ctsm.model.catalog")
+    config = "hvd_ctsm.config.model_config"
     graph = import_graph()
     for name in network:
         path = our_modules()[name]
         third_party = {n.split(".")[0] for n in imported_names(ast.parse(path.read_text()))}
         allowed = {"hvd_ctsm", "torch", "numpy", "__future__"} | set(sys.stdlib_module_names)
         assert third_party <= allowed, (name, third_party - allowed)
-        assert graph[name] <= set(network) | {"hvd_ctsm.model"}, (name, graph[name])
+        assert graph[name] <= set(network) | {"hvd_ctsm.model", config}, (name, graph[name])
+    assert graph[config] <= {"hvd_ctsm.config.types"}, graph[config]  # a plain dataclass

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from hvd_ctsm.config.model_config import ModelConfig, architecture
 from hvd_ctsm.model.catalog import seen_pairs, tied_pairs
-from hvd_ctsm.model.ctsm import (CTSM, ModelSizes, architecture, position_bucket_of, recency_bias,
-                                 time_gap_bias)
+from hvd_ctsm.model.ctsm import CTSM, ModelSizes, position_bucket_of, recency_bias, time_gap_bias
 from hvd_ctsm.model.heads import future_pairs
 
 CATEGORIES = [0] + [1 + i % 3 for i in range(49)]  # item 0 (padding) has none
@@ -14,6 +14,16 @@ TAGS = [[]] + [[] if i % 7 == 0 else [1 + i % 4] + ([5] if i % 2 == 0 else [])
                for i in range(1, 50)]
 SIZES = ModelSizes(num_items=50, num_event_types=5, attr_sizes=[4, 3], max_len=12,
                    item_category=CATEGORIES, item_tags=TAGS)
+
+
+# The plain network these tests were written on: no tag vectors, PyTorch's own draws for the
+# added tables (the defaults' item_tags and feature_init_std have tests of their own).
+PLAIN = {"item_tags": False, "feature_init_std": None}
+
+
+def ctsm(sizes=SIZES, **settings) -> CTSM:
+    """A CTSM of `settings` over ModelConfig's defaults (with PLAIN)."""
+    return CTSM(sizes, ModelConfig(**(PLAIN | settings)))
 
 
 def make_batch(b=3, t=12, seed=0):
@@ -32,7 +42,7 @@ def make_batch(b=3, t=12, seed=0):
 
 def model(**kwargs):
     torch.manual_seed(0)
-    return CTSM(SIZES, dim=16, layers=2, heads=2, dropout=0.0, **kwargs).eval()
+    return ctsm(dim=16, layers=2, heads=2, dropout=0.0, **kwargs).eval()
 
 
 ARCHS = {  # CTSM's variants (the default has a recency bias) and the SASRec-style baseline
@@ -74,7 +84,7 @@ def test_padding_does_not_change_valid_positions(arch):
     m = model(**ARCHS[arch])
     batch, lengths = make_batch()
     padded = {k: torch.cat([v, torch.zeros_like(v)], dim=1) for k, v in batch.items()}
-    big = CTSM(ModelSizes(50, 5, [4, 3], max_len=24), dim=16, layers=2, heads=2, dropout=0.0,
+    big = ctsm(ModelSizes(50, 5, [4, 3], max_len=24), dim=16, layers=2, heads=2, dropout=0.0,
                **ARCHS[arch])
     big.load_state_dict({k: (v if k != "encoder.position.weight" else
                              torch.cat([v, torch.zeros(12, 16)]))
@@ -130,7 +140,7 @@ def test_item_category_adds_one_shared_vector_on_input_and_in_scoring():
     assert torch.equal(encoder.item_vectors(torch.tensor([[3, 0]])), vectors[[3, 0]][None])
     assert_scoring_uses_the_input_vectors_and_reloads(m, vectors, "item_category")
     with pytest.raises(ValueError, match="3 item categories for 50 items"):
-        CTSM(ModelSizes(50, 5, [], 12, item_category=[0, 1, 2]), item_category=True)
+        ctsm(ModelSizes(50, 5, [], 12, item_category=[0, 1, 2]), item_category=True)
 
 
 def test_item_tags_add_the_mean_of_their_vectors_on_input_and_in_scoring():
@@ -147,7 +157,7 @@ def test_item_tags_add_the_mean_of_their_vectors_on_input_and_in_scoring():
     assert torch.allclose(encoder.item_vectors(torch.tensor([[4, 0]])), vectors[[4, 0]][None])
     assert_scoring_uses_the_input_vectors_and_reloads(m, vectors, "item_tags")
     with pytest.raises(ValueError, match="tags for 2 items, the model has 50"):
-        CTSM(ModelSizes(50, 5, [], 12, item_tags=[[], [1]]), item_tags=True)
+        ctsm(ModelSizes(50, 5, [], 12, item_tags=[[], [1]]), item_tags=True)
 
 
 def test_the_baseline_ignores_side_features_and_has_no_gates():
@@ -159,12 +169,13 @@ def test_the_baseline_ignores_side_features_and_has_no_gates():
     assert len(list(model(**ARCHS["gated"]).parameters())) > len(list(m.parameters()))
 
 
-def test_from_config_rebuilds_models_saved_before_the_architecture_settings():
+def test_saved_sections_rebuild_models_saved_before_the_architecture_settings():
     old = {"dim": 16, "layers": 1, "heads": 2, "dropout": 0.0, "loss": "full",
            "negatives": 5, "head_weights": {"next_item": 1.0}}
-    rebuilt = CTSM.from_config(SIZES, old)
+    rebuilt = CTSM(SIZES, ModelConfig.from_saved(old))
     assert any("gate_attn.w_r" in name for name, _ in rebuilt.named_parameters())
-    plain = CTSM.from_config(SIZES, old | {"block": "residual", "side_features": False})
+    plain = CTSM(SIZES, ModelConfig.from_saved(old | {"block": "residual",
+                                                      "side_features": False}))
     assert not any("gate" in name or "numeric" in name for name, _ in plain.named_parameters())
 
 
@@ -175,7 +186,7 @@ def test_learned_positions_off_leaves_no_position_table_and_old_models_keep_thei
     assert "encoder.position.weight" not in names(model(learned_positions=False))
     old = {"dim": 16, "layers": 1, "heads": 2, "dropout": 0.0, "loss": "full",
            "negatives": 5, "head_weights": {"next_item": 1.0}}  # saved before the setting
-    assert "encoder.position.weight" in names(CTSM.from_config(SIZES, old))
+    assert "encoder.position.weight" in names(CTSM(SIZES, ModelConfig.from_saved(old)))
     assert architecture(old)["learned_positions"] is True
 
 
@@ -205,8 +216,9 @@ def test_position_buckets_keep_the_first_places_apart_and_share_the_late_ones():
 def test_attention_dropout_defaults_to_the_dropout_and_can_be_set_apart():
     cfg = {"dim": 16, "layers": 2, "heads": 2, "dropout": 0.3, "loss": "full", "negatives": 5,
            "head_weights": {"next_item": 1.0}}
-    assert {b.attn_dropout for b in CTSM.from_config(SIZES, cfg).encoder.blocks} == {0.3}
-    apart = CTSM.from_config(SIZES, cfg | {"attention_dropout": 0.0})
+    blocks = CTSM(SIZES, ModelConfig.from_saved(cfg)).encoder.blocks
+    assert {b.attn_dropout for b in blocks} == {0.3}
+    apart = CTSM(SIZES, ModelConfig.from_saved(cfg | {"attention_dropout": 0.0}))
     assert {b.attn_dropout for b in apart.encoder.blocks} == {0.0}
     # Only the attention weights lose their dropout: the block's outputs keep theirs.
     assert all(b.dropout.p == 0.3 for b in apart.encoder.blocks)
@@ -220,7 +232,7 @@ def test_attention_dropout_defaults_to_the_dropout_and_can_be_set_apart():
 @pytest.mark.parametrize("loss", ["full", "shared", "sampled", "bce"])
 def test_losses_are_finite_and_train(loss):
     torch.manual_seed(0)
-    m = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0, loss=loss, negatives=8)
+    m = ctsm(dim=16, layers=1, heads=2, dropout=0.0, loss=loss, negatives=8)
     batch, _ = make_batch()
     batch |= {"target_row": torch.tensor([0, 0, 1, 2]), "target_pos": torch.tensor([3, 11, 6, 2]),
               "target_item": torch.tensor([4, 9, 4, 7]),
@@ -259,13 +271,17 @@ def test_score_and_recommend():
 
 
 def test_unknown_head_is_refused():
+    with pytest.raises(ValueError, match="model.head_weights key"):
+        ModelConfig(head_weights={"next_item": 1.0, "churn": 1.0})
+    cfg = ModelConfig()
+    cfg.head_weights = {"next_item": 1.0, "churn": 1.0}  # past the config's own check
     with pytest.raises(ValueError, match="unknown heads"):
-        CTSM(SIZES, head_names=("next_item", "churn"))
+        CTSM(SIZES, cfg)
 
 
 def test_without_item_bias_the_bias_stays_zero_and_the_state_keys_match():
     torch.manual_seed(0)
-    m = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0, item_bias=False)
+    m = ctsm(dim=16, layers=1, heads=2, dropout=0.0, item_bias=False)
     batch, _ = make_batch()
     batch |= {"target_row": torch.tensor([0, 1]), "target_pos": torch.tensor([3, 6]),
               "target_item": torch.tensor([4, 9]), "target_label": torch.tensor([1.0, 0.0]),
@@ -276,7 +292,7 @@ def test_without_item_bias_the_bias_stays_zero_and_the_state_keys_match():
         sum(m(batch).values()).backward()
         opt.step()
     assert torch.count_nonzero(m.heads["next_item"].bias) == 0
-    with_bias = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0)
+    with_bias = ctsm(dim=16, layers=1, heads=2, dropout=0.0)
     assert m.state_dict().keys() == with_bias.state_dict().keys()
 
 
@@ -293,8 +309,8 @@ def test_seen_items_marks_only_the_past_of_each_target():
 @pytest.mark.parametrize("loss", ["full", "shared", "sampled", "bce"])
 def test_exclude_seen_drops_history_from_the_negatives_but_keeps_a_repeated_target(loss):
     torch.manual_seed(0)
-    m = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0, loss=loss, negatives=49,
-             head_names=("next_item",), exclude_seen=True)
+    m = ctsm(dim=16, layers=1, heads=2, dropout=0.0, loss=loss, negatives=49,
+             head_weights={"next_item": 1.0}, exclude_seen=True)
     batch, _ = make_batch()
     history = batch["item"][0, :4]
     fresh = next(i for i in range(1, 50) if i not in history.tolist())
@@ -316,9 +332,10 @@ def test_exclude_seen_drops_history_from_the_negatives_but_keeps_a_repeated_targ
 
 def test_uniform_bce_weight_adds_the_bce_loss_against_the_same_draws_to_the_softmax():
     torch.manual_seed(0)
-    kwargs = dict(dim=16, layers=1, heads=2, dropout=0.0, negatives=8, head_names=("next_item",))
-    mixed = CTSM(SIZES, loss="full", uniform_bce_weight=0.5, **kwargs)
-    softmax, bce = (CTSM(SIZES, loss=kind, **kwargs) for kind in ("full", "bce"))
+    kwargs = dict(dim=16, layers=1, heads=2, dropout=0.0, negatives=8,
+                  head_weights={"next_item": 1.0})
+    mixed = ctsm(loss="full", uniform_bce_weight=0.5, **kwargs)
+    softmax, bce = (ctsm(loss=kind, **kwargs) for kind in ("full", "bce"))
     for other in (softmax, bce):
         other.load_state_dict(mixed.state_dict())
     batch, _ = make_batch()
@@ -345,7 +362,7 @@ def test_tied_targets_marks_the_items_of_targets_sharing_a_state():
 
 def test_exclude_tied_leaves_a_sibling_target_out_of_the_softmax_negatives():
     torch.manual_seed(0)
-    m = CTSM(SIZES, dim=16, layers=1, heads=2, dropout=0.0, loss="full", head_names=("next_item",),
+    m = ctsm(dim=16, layers=1, heads=2, dropout=0.0, loss="full", head_weights={"next_item": 1.0},
              exclude_seen=False, exclude_tied=True)
     batch, _ = make_batch()
     batch |= {"target_row": torch.tensor([0, 0, 1]), "target_pos": torch.tensor([3, 3, 3]),
@@ -370,10 +387,10 @@ def test_future_pairs_join_targets_of_one_example_predicted_from_later_states():
 
 def test_future_targets_add_the_later_targets_with_decaying_weights_and_no_false_negatives():
     torch.manual_seed(0)
-    kwargs = dict(dim=16, layers=1, heads=2, dropout=0.0, loss="full", head_names=("next_item",),
-                  exclude_seen=False)
-    ahead = CTSM(SIZES, future_targets=3, future_decay=0.5, **kwargs)
-    plain = CTSM(SIZES, **kwargs)
+    kwargs = dict(dim=16, layers=1, heads=2, dropout=0.0, loss="full",
+                  head_weights={"next_item": 1.0}, exclude_seen=False)
+    ahead = ctsm(future_targets=3, future_decay=0.5, **kwargs)
+    plain = ctsm(**kwargs)
     plain.load_state_dict(ahead.state_dict())
     batch, _ = make_batch()
     batch |= {"target_row": torch.tensor([0, 0, 0, 1]), "target_pos": torch.tensor([2, 3, 4, 5]),
