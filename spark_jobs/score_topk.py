@@ -17,7 +17,6 @@ under a temporary name and renamed into place when complete.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -52,42 +51,42 @@ def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str |
     """Score every client of the split (default: scoring_split) on the cluster with the model
     (a registry, run folder, model.pt or models:/ URI); write OUT (Parquet); return a summary
     (which names the split scored)."""
+    from hvd_ctsm.data.dataset import Dataset
     from hvd_ctsm.serving.score import ScoringError, model_source, scoring_split
 
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
     t0 = time.time()
-    split = scoring_split(data, split)
+    dataset = Dataset.open(data)
+    split = scoring_split(dataset, split)
     with model_source(model, data, tracking_uri) as path:
-        summary = _score_model(spark, data, model, path, out, k, split, overwrite)
+        summary = _score_model(spark, dataset, model, path, out, k, split, overwrite)
     return summary | {"split": split, "out": str(out), "seconds": round(time.time() - t0, 2)}
 
 
-def _score_model(spark, data: str, model: str, path: Path, out: str, k: int, split: str,
+def _score_model(spark, dataset, model: str, path: Path, out: str, k: int, split: str,
                  overwrite: bool) -> dict:
     """Score with the model file `path` (what `model` resolved to) into OUT, built in a stage."""
-    from hvd_ctsm.data.batches import split_url
     from hvd_ctsm.model.checkpoint import load_state
-    from hvd_ctsm.serving.score import load_vocab_items, model_inputs
+    from hvd_ctsm.serving.score import model_inputs, vocab_items
     from spark_jobs.session import check_executors, job_settings
 
-    split_url(data, split)  # a damaged or incomplete dataset stops here
-    with outputs.staged(out, overwrite, "scores", model_inputs(data, model)) as stage:
-        items = load_vocab_items(data, load_state(path))  # checks the model's checksum, vocab
+    url = dataset.split(split)  # a damaged or incomplete dataset stops here
+    with outputs.staged(out, overwrite, "scores", model_inputs(dataset.path, model)) as stage:
+        items = vocab_items(dataset, load_state(path))  # checks the model's checksum, vocab
         check_executors(spark)
         with job_settings(spark):
-            summary = _score_into(spark, stage, data, path, items, split, k)
+            summary = _score_into(spark, stage, url, path, items, k)
     return summary
 
 
-def _score_into(spark, stage: Path, data: str, path: Path, items: list, split: str, k: int):
-    """Score `split` of `data` into the folder `stage`; return the counts."""
+def _score_into(spark, stage: Path, url: str, path: Path, items: list, k: int):
+    """Score the split at `url` into the folder `stage`; return the counts."""
     from hvd_ctsm.data.arrow_reader import spark_rows
-    from hvd_ctsm.data.batches import split_url
 
     sc = spark.sparkContext
     scorer = _partition_scorer(sc.broadcast(path.read_bytes()), sc.broadcast(items), k)
-    rows = spark_rows(spark, split_url(data, split))
+    rows = spark_rows(spark, url)
     scores = spark.createDataFrame(rows.mapPartitions(scorer), OUTPUT_SCHEMA)
     scores.write.mode("append").parquet(str(stage.resolve()))  # the stage holds our marker
     written = spark.read.parquet(str(stage.resolve()))
@@ -97,17 +96,9 @@ def _score_into(spark, stage: Path, data: str, path: Path, items: list, split: s
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="score_topk", description=__doc__.splitlines()[0])
-    p.add_argument("--data", required=True, help="feature job output folder")
-    p.add_argument("--model", required=True,
-                   help="registry, run folder, model.pt or models:/NAME@ALIAS (MLflow)")
-    p.add_argument("--tracking-uri", default="",
-                   help="the MLflow store of a models:/ --model (default MLFLOW_TRACKING_URI, "
-                        "else DATA/../mlflow/mlflow.db)")
-    p.add_argument("--out", required=True, help="output Parquet folder")
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--split", default=None, choices=("serving", "test", "validation"),
-                   help="rows to score from (default serving; test for older features)")
+    from hvd_ctsm.serving.score import scoring_parser
+
+    p = scoring_parser("score_topk", __doc__.splitlines()[0], "output Parquet folder")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     args = p.parse_args(argv)

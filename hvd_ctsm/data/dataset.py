@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvd_ctsm.data.dataset_meta import (DatasetMeta, check_same_vocabulary, item_categories,
-                                        item_tags, read_metadata)
+                                        item_tags, read_metadata, read_vocab)
 from hvd_ctsm.data.schema import EVENT_TYPES
 
 
@@ -42,6 +42,10 @@ class Dataset:
         if tags:
             sizes["item_tags"] = item_tags(self.path, self.meta)
         return sizes
+
+    def items(self) -> list[str]:
+        """Raw item ids by index (vocab.json's `items`: what scores name)."""
+        return read_vocab(self.path)[1]["items"]
 
     def check_model(self, state: dict, what: str, fix: str) -> None:
         """`state` (a model.pt's) indexes items as this dataset does; else one line with `fix`."""

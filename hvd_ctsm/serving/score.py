@@ -21,6 +21,7 @@ had gets them all and is counted as `short`.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 from hvd_ctsm.data.batches import DatasetError
+from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.data.schema import SERVING_SPLIT
 from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.files import storage
@@ -83,21 +85,17 @@ def model_inputs(data: str | Path, model: str | Path) -> tuple:
     return (data,) if tracking.is_model_uri(model) else (data, model)
 
 
-def load_vocab_items(data: str | Path, model_state: dict) -> list[str]:
+def vocab_items(dataset: Dataset, model_state: dict) -> list[str]:
     """Raw item ids by index, from the dataset's vocab.json, checked against the model's."""
-    from hvd_ctsm.data.batches import check_same_vocabulary, read_metadata
-
-    check_same_vocabulary(model_state, read_metadata(data), "the model", data,
-                          "score with the features it was trained on (or retrain)")
-    return json.loads(storage.read_bytes(storage.join(data, "vocab.json")))["items"]
+    dataset.check_model(model_state, "the model",
+                        "score with the features it was trained on (or retrain)")
+    return dataset.items()
 
 
-def scoring_split(data: str | Path, split: str | None = None) -> str:
+def scoring_split(dataset: Dataset, split: str | None = None) -> str:
     """The split to score from: `split` when given, else `serving`, else (features built before
     serving rows existed) `test`, with a warning: its histories miss each client's last event."""
-    from hvd_ctsm.data.batches import read_metadata
-
-    written = read_metadata(data).get("splits", {})
+    data, written = dataset.path, dataset.meta.splits
     if split is None:
         if SERVING_SPLIT in written:
             return SERVING_SPLIT
@@ -177,18 +175,19 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
                   split: str | None = None, tracking_uri: str = "") -> dict:
     """Score every client of `data`'s split (default: scoring_split) with the model (a path or
     a models:/ URI, see model_source); write `out`; return a summary (which names the split)."""
-    from hvd_ctsm.data.batches import open_reader, split_url
+    from hvd_ctsm.data.batches import open_reader
     from hvd_ctsm.model.checkpoint import load_model
 
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
     t0 = time.perf_counter()
     check_score_file(out, model_inputs(data, model_path))
-    split = scoring_split(data, split)
-    url = split_url(data, split)  # a damaged or incomplete dataset stops here
+    dataset = Dataset.open(data)
+    split = scoring_split(dataset, split)
+    url = dataset.split(split)  # a damaged or incomplete dataset stops here
     with model_source(model_path, data, tracking_uri) as path:
         model, state = load_model(path)
-    items = load_vocab_items(data, state)
+    items = vocab_items(dataset, state)
     with open_reader(url, 0, 1, seed=None, shuffle=False) as reader:
         rows = list(reader)
     records = list(score_rows(model, rows, k, items))
@@ -197,19 +196,27 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
                                                 "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = arg_parser("hvd_ctsm.serving.score", __doc__.splitlines()[0])
+def scoring_parser(prog: str, description: str, out: str) -> argparse.ArgumentParser:
+    """The options both scorers take (this one and spark_jobs/score_topk.py); `out` says what
+    --out is for that scorer."""
+    p = arg_parser(prog, description)
     p.add_argument("--data", required=True, help="feature job output folder or URL (s3://...)")
     p.add_argument("--model", required=True,
                    help="registry, run folder, model.pt or models:/NAME@ALIAS (MLflow)")
     p.add_argument("--tracking-uri", default="",
                    help="the MLflow store of a models:/ --model (default MLFLOW_TRACKING_URI, "
                         "else DATA/../mlflow/mlflow.db)")
-    p.add_argument("--out", required=True, help="Parquet file to write (a path or a URL)")
+    p.add_argument("--out", required=True, help=out)
     p.add_argument("--k", type=int, default=10, help="items per client (default 10)")
     p.add_argument("--split", default=None, choices=SCORABLE_SPLITS,
                    help="the rows to score from (default serving: every client's latest events; "
                         "test for features built before the serving split, with a warning)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = scoring_parser("hvd_ctsm.serving.score", __doc__.splitlines()[0],
+                       "Parquet file to write (a path or a URL)")
     args = p.parse_args(argv)
     try:
         summary = score_dataset(args.data, args.model, args.out, args.k, args.split,

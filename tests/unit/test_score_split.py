@@ -5,6 +5,7 @@ import logging
 
 import pytest
 
+from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.data.schema import SCHEMA_VERSION
 from hvd_ctsm.serving.score import ScoringError, scoring_split
 
@@ -14,7 +15,7 @@ def features(path, *splits):
     meta = {"schema_version": SCHEMA_VERSION, "max_len": 10, "vocab": {"items": 5},
             "splits": {name: {"rows": 1} for name in splits}}
     (path / "metadata.json").write_text(json.dumps(meta))
-    return path
+    return Dataset.open(path)
 
 
 def test_serving_rows_are_scored_when_the_features_have_them(tmp_path, caplog):
