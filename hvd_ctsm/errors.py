@@ -27,15 +27,15 @@ def arg_parser(prog: str | None, description: str) -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+# What the user can fix in the command line or the input (exit 2); every program catches these.
+BAD_INPUT_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError,
+    IsADirectoryError, PermissionError)
+
+
 def exit_code_for(exc: BaseException) -> int:
     """2 for what the user can fix in the command line or the input, else 3."""
-    return EXIT_BAD_INPUT if isinstance(exc, (PermissionError, *_bad_input_types())) \
-        else EXIT_CRASH
-
-
-def _bad_input_types() -> tuple[type[BaseException], ...]:
-    return (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError,
-            IsADirectoryError)
+    return EXIT_BAD_INPUT if isinstance(exc, BAD_INPUT_ERRORS) else EXIT_CRASH
 
 
 def one_line(exc: BaseException) -> str:
@@ -61,7 +61,7 @@ def run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None 
         return main(argv)
     try:
         return main(argv)
-    except (PermissionError, *_bad_input_types()) as exc:
+    except BAD_INPUT_ERRORS as exc:
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except SystemExit as stop:  # SystemExit("error: ...") is a message for the user

@@ -25,7 +25,8 @@ from pyspark.sql import functions as F
 
 import hvd_ctsm
 from hvd_ctsm.data.schema import OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT
-from hvd_ctsm.errors import EXIT_BAD_INPUT, EXIT_CRASH, arg_parser, one_line
+from hvd_ctsm.errors import (BAD_INPUT_ERRORS, EXIT_BAD_INPUT, EXIT_CRASH, arg_parser, one_line,
+                             run_cli)
 from hvd_ctsm.files import outputs, storage
 from spark_jobs import attributes, sequences, split, validate, vocab, write
 from spark_jobs.config import FeatureConfig, parse_time
@@ -327,7 +328,7 @@ def main(argv=None) -> int:
     except ExecutorPythonError as err:  # the executors' Python cannot run the job: 3
         print(f"hvd-ctsm-features: error: {err}", file=sys.stderr)
         return EXIT_CRASH
-    except (ValueError, FileNotFoundError, FileExistsError, PermissionError) as err:
+    except BAD_INPUT_ERRORS as err:
         print(f"hvd-ctsm-features: error: {one_line(err)}", file=sys.stderr)  # bad input: 2
         return EXIT_BAD_INPUT
     print(summary_table(summary))
@@ -338,7 +339,7 @@ def main(argv=None) -> int:
 
 
 def cli() -> None:
-    sys.exit(main())
+    sys.exit(run_cli(main, "hvd-ctsm-features"))  # a crash: one line and exit 3 (--debug)
 
 
 if __name__ == "__main__":

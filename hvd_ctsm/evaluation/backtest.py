@@ -88,7 +88,7 @@ def print_table(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = arg_parser("hvd_ctsm.evaluation.backtest", __doc__.splitlines()[0])
+    p = arg_parser("hvd-ctsm backtest", __doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="feature job output folder")
     p.add_argument("--model", required=True, help="run folder or model.pt")
     p.add_argument("--report", required=True, help="where the JSON report goes")
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 def cli() -> None:
     from hvd_ctsm.errors import run_cli
 
-    sys.exit(run_cli(main, "hvd_ctsm.evaluation.backtest"))
+    sys.exit(run_cli(main, "hvd-ctsm backtest"))
 
 
 if __name__ == "__main__":

@@ -94,9 +94,9 @@ def decide(report: dict, rules, champion: dict | None, tolerance: float,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = arg_parser("hvd_ctsm.evaluation.gate", __doc__.splitlines()[0])
+    p = arg_parser("hvd-ctsm gate", __doc__.splitlines()[0])
     p.add_argument("--report", required=True, help="a report written by "
-                                                       "hvd_ctsm.evaluation.backtest")
+                                                       "hvd-ctsm backtest")
     p.add_argument("--gate", required=True, help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'")
     p.add_argument("--champion", help="the deployed model's report, or models:/NAME@champion "
                                       "(MLflow registry): do not be worse than it")
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("the gate names no rule (e.g. 'ndcg@10>=0.05')")
         apply_gate(report["model"], rules, champion, args.tolerance)  # bad report: exit 2
     except (ValueError, KeyError, OSError) as exc:
-        print(f"hvd_ctsm.evaluation.gate: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"hvd-ctsm gate: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     return 0 if decide(report, rules, champion, args.tolerance, args.report, "gate") else 1
 

@@ -127,7 +127,7 @@ def register_in_mlflow(run_folder: Path, version: Path, report: dict) -> None:
     try:
         registered = tracking.register(run_folder, version, report)
     except Exception as exc:  # noqa: BLE001  the folder registry already holds the version
-        print(f"hvd_ctsm.serving.deploy: warning: {version} is deployed, "
+        print(f"hvd-ctsm deploy: warning: {version} is deployed, "
               f"but MLflow did not register it "
               f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); fix the store and "
               "deploy again, or load it from the folder registry", file=sys.stderr)
@@ -145,7 +145,7 @@ def current(registry: str | Path) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = arg_parser("hvd_ctsm.serving.deploy", __doc__.splitlines()[0])
+    p = arg_parser("hvd-ctsm deploy", __doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="run folder or model.pt")
     p.add_argument("--report", required=True, help="the backtest report with a passed gate")
     p.add_argument("--registry", required=True, help="model registry folder")
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 def cli() -> None:
     from hvd_ctsm.errors import run_cli
 
-    sys.exit(run_cli(main, "hvd_ctsm.serving.deploy"))
+    sys.exit(run_cli(main, "hvd-ctsm deploy"))
 
 
 if __name__ == "__main__":

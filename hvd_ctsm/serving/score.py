@@ -215,14 +215,14 @@ def scoring_parser(prog: str, description: str, out: str) -> argparse.ArgumentPa
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = scoring_parser("hvd_ctsm.serving.score", __doc__.splitlines()[0],
+    p = scoring_parser("hvd-ctsm score", __doc__.splitlines()[0],
                        "Parquet file to write (a path or a URL)")
     args = p.parse_args(argv)
     try:
         summary = score_dataset(args.data, args.model, args.out, args.k, args.split,
                                 args.tracking_uri)
     except (ScoringError, DatasetError) as exc:  # bad input: one line, exit 2 (hvd_ctsm.errors)
-        print(f"hvd_ctsm.serving.score: error: {exc}", file=sys.stderr)
+        print(f"hvd-ctsm score: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary))
     return 0
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 def cli() -> None:
     from hvd_ctsm.errors import run_cli
 
-    sys.exit(run_cli(main, "hvd_ctsm.serving.score"))
+    sys.exit(run_cli(main, "hvd-ctsm score"))
 
 
 if __name__ == "__main__":

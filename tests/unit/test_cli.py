@@ -96,3 +96,25 @@ def test_the_feature_job_refuses_its_output_before_starting_spark(tmp_path, monk
     assert main([*source, "--out", str(theirs), "--overwrite"]) == 2
     assert "not written by hvd_ctsm" in capsys.readouterr().err
     assert (theirs / "notes.txt").read_text() == "years of work"
+
+
+@pytest.mark.parametrize("error, code", [(IsADirectoryError("a folder where a file goes"), 2),
+                                         (KeyError("items"), 2), (RuntimeError("a bug"), 3)])
+def test_the_feature_job_sorts_errors_as_every_program_does(tmp_path, monkeypatch, capsys,
+                                                           error, code):
+    """The feature job and errors.run_cli share one table of bad input (exit 2, one line); a
+    crash is one line and exit 3 too (before: a KeyError or IsADirectoryError was a traceback)."""
+    import spark_jobs.session
+    from spark_jobs.build_features import cli
+
+    def fail(**kwargs):
+        raise error
+
+    monkeypatch.setattr(spark_jobs.session, "get_spark", fail)
+    argv = ["--source", "synthetic:clients=10,items=5,events=50", "--out", str(tmp_path / "o")]
+    monkeypatch.setattr(sys, "argv", ["build_features.py", *argv])
+    with pytest.raises(SystemExit) as stop:
+        cli()
+    assert stop.value.code == code
+    err = capsys.readouterr().err
+    assert err.startswith("hvd-ctsm-features: ") and len(err.strip().splitlines()) == 1, err
