@@ -4,8 +4,7 @@
     spark-submit spark_jobs/score_topk.py --data FEATURES --model models:/ctsm@champion ...
     score_topk(spark, data, model, out, k=10)        # from a notebook with its own session
 
-The same scoring as `python -m hvd_ctsm.serving.score` (hvd_ctsm.serving.score.score_rows), spread
-over the
+The same scoring as `hvd-ctsm score` (hvd_ctsm.serving.score.score_rows), spread over the
 partitions of the feature dataset: the model's bytes are broadcast once and each partition loads
 the model, decodes its Petastorm rows and yields its clients' top-K. A registered MLflow model
 (models:/NAME@ALIAS, --tracking-uri) is scored the same way: the driver downloads the version's
@@ -22,7 +21,15 @@ import sys
 import time
 from pathlib import Path
 
+from hvd_ctsm.data.arrow_reader import spark_rows
+from hvd_ctsm.data.batches import DatasetError
+from hvd_ctsm.data.dataset import Dataset
+from hvd_ctsm.errors import EXIT_BAD_INPUT
 from hvd_ctsm.files import outputs
+from hvd_ctsm.model.checkpoint import load_state
+from hvd_ctsm.serving.score import (ScoringError, model_inputs, model_source, scoring_parser,
+                                    scoring_split, vocab_items)
+from spark_jobs.session import ExecutorPythonError, check_executors, get_spark, job_settings
 
 OUTPUT_SCHEMA = ("client_id string, rank int, item_id string, item int, score float, "
                  "p_sale float")
@@ -51,9 +58,6 @@ def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str |
     """Score every client of the split (default: scoring_split) on the cluster with the model
     (a registry, run folder, model.pt or models:/ URI); write OUT (Parquet); return a summary
     (which names the split scored)."""
-    from hvd_ctsm.data.dataset import Dataset
-    from hvd_ctsm.serving.score import ScoringError, model_source, scoring_split
-
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
     t0 = time.time()
@@ -67,10 +71,6 @@ def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str |
 def _score_model(spark, dataset, model: str, path: Path, out: str, k: int, split: str,
                  overwrite: bool) -> dict:
     """Score with the model file `path` (what `model` resolved to) into OUT, built in a stage."""
-    from hvd_ctsm.model.checkpoint import load_state
-    from hvd_ctsm.serving.score import model_inputs, vocab_items
-    from spark_jobs.session import check_executors, job_settings
-
     url = dataset.split(split)  # a damaged or incomplete dataset stops here
     with outputs.staged(out, overwrite, "scores", model_inputs(dataset.path, model)) as stage:
         items = vocab_items(dataset, load_state(path))  # checks the model's checksum, vocab
@@ -82,8 +82,6 @@ def _score_model(spark, dataset, model: str, path: Path, out: str, k: int, split
 
 def _score_into(spark, stage: Path, url: str, path: Path, items: list, k: int):
     """Score the split at `url` into the folder `stage`; return the counts."""
-    from hvd_ctsm.data.arrow_reader import spark_rows
-
     sc = spark.sparkContext
     scorer = _partition_scorer(sc.broadcast(path.read_bytes()), sc.broadcast(items), k)
     rows = spark_rows(spark, url)
@@ -96,17 +94,10 @@ def _score_into(spark, stage: Path, url: str, path: Path, items: list, k: int):
 
 
 def main(argv=None) -> int:
-    from hvd_ctsm.serving.score import scoring_parser
-
     p = scoring_parser("score_topk", __doc__.splitlines()[0], "output Parquet folder")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     args = p.parse_args(argv)
-    from hvd_ctsm.data.batches import DatasetError
-    from hvd_ctsm.errors import EXIT_BAD_INPUT
-    from hvd_ctsm.serving.score import ScoringError
-    from spark_jobs.session import ExecutorPythonError, get_spark
-
     spark = get_spark(master=args.master, app_name="hvd_ctsm-score")
     try:
         summary = score_topk(spark, args.data, args.model, args.out, args.k, args.split,

@@ -31,12 +31,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from hvd_ctsm.data.batches import DatasetError
+from hvd_ctsm.data.batches import DatasetError, open_reader
 from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.data.schema import SERVING_SPLIT
-from hvd_ctsm.errors import arg_parser
+from hvd_ctsm.errors import arg_parser, run_cli
 from hvd_ctsm.files import storage
-from hvd_ctsm.model.checkpoint import model_file
+from hvd_ctsm.files.atomic import atomic_write_bytes
+from hvd_ctsm.files.outputs import UnsafeOutputError, check_not_an_input
+from hvd_ctsm.model.checkpoint import load_model, model_file
 from hvd_ctsm.model.topk import client_states  # noqa: F401  (the scoring core, re-exported)
 from hvd_ctsm.model.topk import score_rows
 
@@ -126,7 +128,6 @@ def arrow_table(records: list[tuple]):
 def write_parquet_atomic(table, path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from hvd_ctsm.files.atomic import atomic_write_bytes
 
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
@@ -136,7 +137,6 @@ def write_parquet_atomic(table, path: Path) -> None:
 def check_score_file(out: str | Path, inputs) -> None:
     """`out` may be written: not an input, not a folder, and if it exists, an earlier scores
     file (our columns): replacing it must never cost anything else. `out` may be a URL."""
-    from hvd_ctsm.files.outputs import UnsafeOutputError, check_not_an_input
 
     if storage.is_remote(out):
         if any(str(out).rstrip("/").startswith(str(i).rstrip("/")) for i in inputs if i):
@@ -175,8 +175,6 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
                   split: str | None = None, tracking_uri: str = "") -> dict:
     """Score every client of `data`'s split (default: scoring_split) with the model (a path or
     a models:/ URI, see model_source); write `out`; return a summary (which names the split)."""
-    from hvd_ctsm.data.batches import open_reader
-    from hvd_ctsm.model.checkpoint import load_model
 
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
@@ -229,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli() -> None:
-    from hvd_ctsm.errors import run_cli
 
     sys.exit(run_cli(main, "hvd-ctsm score"))
 
