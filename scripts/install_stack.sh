@@ -176,6 +176,26 @@ install_project() {
     done_step
 }
 
+# Python keeps an import's compiled bytecode (.pyc) beside the source only when it may write it.
+# Where PYTHONDONTWRITEBYTECODE is set (many containers and CI images) or site-packages is
+# read-only, pip leaves none and every process compiles torch, mlflow and the rest again: about
+# 4 s of a core for torch, 5 s for mlflow, in each rank, launcher and Spark Python worker (the
+# test suite starts hundreds). Compile once here. A few packages ship files that are not Python 3
+# (templates, old test data), which compileall reports: the check is that torch's compiled.
+compile_bytecode() {
+    step "compiled bytecode (once, for every process)"
+    local site
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$VENV/bin/python" -m compileall -q -j 0 "$site" "$REPO/hvd_ctsm" "$REPO/spark_jobs" \
+        >>"$CACHE/compileall.log" 2>&1 || true
+    "$VENV/bin/python" -c 'import importlib.util as u, os, sys
+spec = u.find_spec("torch")
+sys.exit(not os.path.exists(u.cache_from_source(spec.origin)))' ||
+        fail "no compiled bytecode for torch (log: $CACHE/compileall.log)" \
+            "check that $site is writable"
+    done_step
+}
+
 main() {
     mkdir -p "$CACHE"
     local t0
@@ -185,6 +205,7 @@ main() {
     install_pinned_stack
     install_horovod
     install_project
+    compile_bytecode
     echo "[setup] ready in $(($(date +%s) - t0))s: $VENV (activate with: source $VENV/bin/activate)"
 }
 
