@@ -183,7 +183,7 @@ install_project() {
 # test suite starts hundreds). Compile once here. A few packages ship files that are not Python 3
 # (templates, old test data), which compileall reports: the check is that torch's compiled.
 compile_bytecode() {
-    step "compiled bytecode (once, for every process)"
+    step "bytecode, compiled once"
     local site
     site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     "$VENV/bin/python" -m compileall -q -j 0 "$site" "$REPO/hvd_ctsm" "$REPO/spark_jobs" \

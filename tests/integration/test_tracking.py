@@ -19,7 +19,10 @@ from hvd_ctsm.tracking.link import read_link
 from tests.conftest import REPO
 
 DEMO_DATA = "synthetic:clients=160,items=60,events=6000,seed=11"
-DEMO_TRAIN = ["data.batch_size=16", "model.dim=32", "model.layers=1", "progress=false"]
+# A Unity Catalog-style three-level name (catalog.schema.model), as Databricks users register.
+NAME = "main.recsys.ctsm"
+DEMO_TRAIN = ["data.batch_size=16", "model.dim=32", "model.layers=1", "progress=false",
+              f"tracking.registered_model={NAME}"]
 # A trainer's rank 0 in miniature: the real writer on a real store, a `with` block that raises,
 # then a crash (run_cli turns it into exit code 3, as hvd_ctsm.train's command does) or a Ctrl-C.
 STOPPED_TRAINER = """
@@ -114,7 +117,7 @@ def test_demo_ends_with_a_tracked_run_and_a_champion(demo):
     from mlflow import MlflowClient
 
     client = MlflowClient(store_uri(demo))
-    champion = client.get_model_version_by_alias("ctsm", "champion")
+    champion = client.get_model_version_by_alias(NAME, "champion")
     assert str(champion.version) == "1" and champion.tags["folder_version"] == "v0001"
     run = client.get_run(champion.run_id)
     assert run.info.run_id == read_link(demo / "model").run_id
@@ -147,19 +150,19 @@ def test_champion_moves_only_after_a_passed_gate(demo, capsys, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
     model, report = demo / "model", demo / "model" / "backtest.json"
-    champion = ["--champion", "models:/ctsm@champion", "--tolerance", "0"]
+    champion = ["--champion", f"models:/{NAME}@champion", "--tolerance", "0"]
     assert gate.main(["--report", str(report), "--gate", "ndcg@10>=0.02", *champion]) == 0
     checks = json.loads(report.read_text())["gate"]["checks"]
     assert checks[-1]["rule"].startswith("full.ndcg@10 >= champion")  # read from the registry
     assert deploy.main(["--model", str(model), "--report", str(report),
                         "--registry", str(demo / "registry")]) == 0
     client = MlflowClient(store_uri(demo))
-    assert str(client.get_model_version_by_alias("ctsm", "champion").version) == "2"
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "2"
     assert gate.main(["--report", str(report), "--gate", "ndcg@10>=1.01", *champion]) == 1
     assert deploy.main(["--model", str(model), "--report", str(report),
                         "--registry", str(demo / "registry")]) == 1
-    assert str(client.get_model_version_by_alias("ctsm", "champion").version) == "2"
-    assert len(client.search_model_versions("name='ctsm'")) == 2
+    assert str(client.get_model_version_by_alias(NAME, "champion").version) == "2"
+    assert len(client.search_model_versions(f"name='{NAME}'")) == 2
     assert "MLFLOW_TRACKING_URI" not in os.environ
 
 
@@ -199,7 +202,7 @@ def test_pyfunc_from_the_registry_scores_pandas_and_spark(demo, spark, monkeypat
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri(demo))  # this test's processes only
     histories = serving_histories(demo / "features")
-    model = mlflow.pyfunc.load_model("models:/ctsm@champion")
+    model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
     top = model.predict(histories, params={"k": 10})
     assert list(top["client_id"]) == list(histories["client_id"])
     batch = pd.read_parquet(demo / "scores.parquet").sort_values(["client_id", "rank"])
@@ -213,7 +216,7 @@ def test_pyfunc_from_the_registry_scores_pandas_and_spark(demo, spark, monkeypat
     three = model.predict(histories.head(2), params={"k": 3})
     assert [len(items) for items in three["item_ids"]] == [3, 3]
 
-    udf = mlflow.pyfunc.spark_udf(spark, "models:/ctsm@champion", env_manager="local",
+    udf = mlflow.pyfunc.spark_udf(spark, f"models:/{NAME}@champion", env_manager="local",
                                   result_type="item_ids array<string>, scores array<double>")
     frame = spark.createDataFrame(histories.head(8))
     columns = list(histories.columns)
@@ -246,13 +249,13 @@ def test_scoring_jobs_score_the_registered_champion(demo, spark, tmp_path, monke
     by_folder, by_uri = tmp_path / "folder.parquet", tmp_path / "uri.parquet"
     assert score.main(["--data", features, "--model", registry, "--out", str(by_folder)]) == 0
     expected = counts_line(capsys)
-    assert score.main(["--data", features, "--model", "models:/ctsm@champion",
+    assert score.main(["--data", features, "--model", f"models:/{NAME}@champion",
                        "--out", str(by_uri)]) == 0  # the default store: DATA/../mlflow
     assert counts_line(capsys) == expected
     pd.testing.assert_frame_equal(pd.read_parquet(by_uri), pd.read_parquet(by_folder))
 
     spark_out = tmp_path / "spark"
-    assert score_topk.main(["--data", features, "--model", "models:/ctsm@champion",
+    assert score_topk.main(["--data", features, "--model", f"models:/{NAME}@champion",
                             "--tracking-uri", store_uri(demo), "--out", str(spark_out)]) == 0
     assert counts_line(capsys) == expected
     order = ["client_id", "rank"]
@@ -272,16 +275,16 @@ def test_a_models_uri_that_names_nothing_is_one_line_and_exit_2(demo, spark, tmp
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     missing_store = tmp_path / "none" / "mlflow.db"
-    cases = {"models:/ctsm@nosuch": "no version of 'ctsm' has the alias 'nosuch'",
+    cases = {f"models:/{NAME}@nosuch": f"no version of '{NAME}' has the alias 'nosuch'",
              "models:/nosuch@champion": "no registered model 'nosuch'",
-             "models:/ctsm/99": "'ctsm' has no version 99",
-             "models:/ctsm": "use models:/NAME@ALIAS",
+             f"models:/{NAME}/99": f"'{NAME}' has no version 99",
+             f"models:/{NAME}": "use models:/NAME@ALIAS",
              f"sqlite:///{missing_store}": f"no MLflow store at {missing_store}",
-             "nosuch://store": "cannot read models:/ctsm@champion from the MLflow store"}
+             "nosuch://store": f"cannot read models:/{NAME}@champion from the MLflow store"}
     for ref, problem in cases.items():
         model, uri = ref, store_uri(demo)
         if not ref.startswith("models:/"):  # a store that is not there
-            model, uri = "models:/ctsm@champion", ref
+            model, uri = f"models:/{NAME}@champion", ref
         for job in (score, score_topk):
             out = tmp_path / f"{job.__name__}.parquet"
             code = job.main(["--data", str(demo / "features"), "--model", model,
