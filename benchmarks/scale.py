@@ -174,13 +174,13 @@ def serve_cells(data: Path, work: Path, model: Path) -> dict:
 
 
 def train_part(items: list[int], clients: int, events: int, steps: int, engines: list[str],
-               work: Path) -> list[dict]:
+               work: Path, row_groups: int = 64) -> list[dict]:
     cells = []
     for n in items:
         source = f"synthetic:clients={clients},items={n},events={events},seed=7,cover=1"
         data = work / f"data-{n}"
         start = time.perf_counter()
-        build_features(source, data, work / f"features-{n}.log", max_len=50)
+        build_features(source, data, work / f"features-{n}.log", max_len=50, row_groups=row_groups)
         meta = json.loads((data / "metadata.json").read_text())
         cell = {"items": n, "vocab_items": meta["vocab"]["items"], "clients": clients,
                 "events": events, "features_seconds": round(time.perf_counter() - start, 1),
@@ -223,7 +223,8 @@ def main(argv=None) -> int:
     if args.only in (None, "train"):
         with work_folder("hvd_ctsm-scale-") as work:
             payload["train"] = train_part(items, args.clients, args.events, args.steps,
-                                          args.engines.split(","), work)
+                                          args.engines.split(","), work,
+                                          row_groups=8 if args.quick else 64)
     path = save("scale_quick" if args.quick else "scale", payload, args.out)
     plot(payload, args.out / ("scale_quick.png" if args.quick else "scale.png"))
     print(f"[scale] wrote {path}")

@@ -33,7 +33,7 @@ def test_scale_benchmark_quick_measures_every_cell(tmp_path):
 def test_200k_items_train_at_np2_with_the_shared_loss_and_sparse_exchange_in_bounded_memory(
         tmp_path):
     data = build_features("synthetic:clients=2000,items=200000,events=420000,seed=5,cover=1",
-                          tmp_path / "data", tmp_path / "features.log", max_len=50)
+                          tmp_path / "data", tmp_path / "features.log", max_len=50, row_groups=8)
     assert json.loads((data / "metadata.json").read_text())["vocab"]["items"] == 200_001
     cell = scale.train_cell(data, tmp_path, "torch", 2, steps=4)
     assert "shared: sampled softmax" in cell["loss_log"][0]  # auto chose it above 50,000 items
