@@ -12,6 +12,10 @@ import sys
 REQUIRED_CONF = {
     # ISO cutoffs and timestamps are read as UTC whatever the machine's zone is.
     "spark.sql.session.timeZone": "UTC",
+    # Spark 4 (and runtimes built on it) turn ANSI SQL on by default: a malformed value then makes
+    # a cast raise and fail the job, where the validator reads the cast's null as a rejected row
+    # with its reason. One bad input row must be counted, never fail the job (Spark 3.5: off).
+    "spark.sql.ansi.enabled": "false",
 }
 RUNTIME_CONF = {  # for speed: applied unless the application set them itself
     # The default 200 shuffle partitions are far too many for local runs; AQE coalesces the rest.
