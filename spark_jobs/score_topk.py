@@ -22,9 +22,8 @@ import time
 from pathlib import Path
 
 from hvd_ctsm.data.arrow_reader import spark_rows
-from hvd_ctsm.data.batches import DatasetError
 from hvd_ctsm.data.dataset import Dataset
-from hvd_ctsm.errors import EXIT_BAD_INPUT
+from hvd_ctsm.errors import BAD_INPUT_ERRORS, EXIT_BAD_INPUT, EXIT_CRASH, one_line, run_cli
 from hvd_ctsm.files import outputs
 from hvd_ctsm.model.checkpoint import load_state
 from hvd_ctsm.serving.score import (ScoringError, model_inputs, model_source, scoring_parser,
@@ -102,13 +101,15 @@ def main(argv=None) -> int:
     try:
         summary = score_topk(spark, args.data, args.model, args.out, args.k, args.split,
                              args.overwrite, args.tracking_uri)
-    except (ScoringError, DatasetError, FileExistsError, ExecutorPythonError) as exc:
-        # bad input or environment, models:/ URIs included: the project's one code for it
+    except ExecutorPythonError as exc:  # the executors' Python cannot run the job: 3
         print(f"score_topk: error: {exc}", file=sys.stderr)
+        return EXIT_CRASH
+    except BAD_INPUT_ERRORS as exc:  # bad input, models:/ URIs included: 2, as every program
+        print(f"score_topk: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(json.dumps(summary))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main, "score_topk"))  # a crash: one line and exit 3 (--debug)
