@@ -2,10 +2,12 @@
 
     python -m hvd_ctsm.doctor [--json] [--skip-slow]
 
-Exit code 1 when any check fails. HVD_CTSM_CONSTRAINTS points at another constraints file (the
-pins are read from constraints.txt beside the package by default; an installed wheel has none,
-and then the versions are checked against the package's own declared requirements).
-HVD_CTSM_BACKENDS=torch (the setup knob that leaves Horovod out) skips the Horovod checks.
+Exit code 1 when any check fails. The stack is HVD_CTSM_STACK (classic or current, as setup
+takes it), else the one installed: classic where Horovod is, current where it is not. Its pins are
+read from its constraints file beside the package (constraints.txt, constraints-current.txt);
+HVD_CTSM_CONSTRAINTS points at another; an installed wheel has none, and then the versions are
+checked against the package's own declared requirements. HVD_CTSM_BACKENDS=torch (the setup knob
+that leaves Horovod out, and the current stack's default) skips the Horovod checks.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from hvd_ctsm.errors import arg_parser
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Known causes, keyed by package, for a version that is off.
+CONSTRAINTS = {"classic": "constraints.txt", "current": "constraints-current.txt"}
+# Known causes, keyed by package, for a version that is off from the classic stack's pins.
 VERSION_FIXES = {
     "pyarrow": "pyarrow >= 11 breaks horovod.spark's TorchEstimator ('Schema' object has no "
     "attribute 'to_arrow_schema', horovod#3829) and pyarrow >= 15 Petastorm's reader: "
@@ -52,8 +55,18 @@ class Check:
     skipped: bool = False
 
 
+def stack() -> str:
+    """HVD_CTSM_STACK, else what is installed: the current stack has no Horovod."""
+    from hvd_ctsm.distributed import horovod_importable
+
+    chosen = os.environ.get("HVD_CTSM_STACK") or ("classic" if horovod_importable() else "current")
+    if chosen not in CONSTRAINTS:
+        raise ValueError(f"HVD_CTSM_STACK={chosen}: expected classic or current")
+    return chosen
+
+
 def constraints_path() -> Path:
-    return Path(os.environ.get("HVD_CTSM_CONSTRAINTS", REPO / "constraints.txt"))
+    return Path(os.environ.get("HVD_CTSM_CONSTRAINTS", REPO / CONSTRAINTS[stack()]))
 
 
 def read_pins(path: Path) -> dict[str, str]:
@@ -95,8 +108,10 @@ def check_pins() -> Check:
     if not wrong:
         return Check("package pins", True, f"{len(pins)} packages match {path.name}")
     detail = ", ".join(f"{n} {have or 'missing'} (pin {want})" for n, want, have in wrong)
-    fixes = [VERSION_FIXES.get(n, "").replace("<pin>", w) for n, w, _ in wrong]
-    fix = "; ".join(f for f in fixes if f) or "./run.sh setup installs the pins"
+    known = VERSION_FIXES if stack() == "classic" else {}
+    fixes = [known.get(n, "").replace("<pin>", w) for n, w, _ in wrong]
+    setup = "./run.sh setup" if stack() == "classic" else "HVD_CTSM_STACK=current ./run.sh setup"
+    fix = "; ".join(f for f in fixes if f) or f"{setup} installs the pins"
     return Check("package pins", False, detail, cause=f"installed versions differ from {path}",
                  fix=fix)
 
@@ -144,8 +159,10 @@ def check_dependency_conflicts() -> Check:
 
 
 def wanted_backends() -> list[str]:
-    """HVD_CTSM_BACKENDS (the setup knob): 'torch' when Horovod was left out on purpose."""
-    return [b.strip() for b in os.environ.get("HVD_CTSM_BACKENDS", "horovod,torch").split(",")
+    """HVD_CTSM_BACKENDS (the setup knob): 'torch' when Horovod was left out on purpose, as on
+    the current stack."""
+    default = "horovod,torch" if stack() == "classic" else "torch"
+    return [b.strip() for b in os.environ.get("HVD_CTSM_BACKENDS", default).split(",")
             if b.strip()]
 
 
