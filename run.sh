@@ -11,12 +11,14 @@
 # row groups per split, default 64; a small DATA needs fewer), TEST_WORKERS (test's pytest
 # processes, default 2; 0 runs the suite in one process), HVD_CTSM_STACK=classic|current (which
 # stack setup installs and every step uses: classic, the default, is constraints.txt in .venv;
-# current is constraints-current.txt in .venv-current, torch backend only).
+# current is constraints-current.txt in .venv-current, torch backend only; `test` without it
+# runs both, as CI does).
 # Extra arguments are passed on to the step's program.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$REPO"
+STACK_CHOSEN=${HVD_CTSM_STACK:+yes}  # test: one stack when chosen, else both
 export HVD_CTSM_STACK=${HVD_CTSM_STACK:-classic}
 case $HVD_CTSM_STACK in
     classic) export VENV=${VENV:-$REPO/.venv} ;;
@@ -35,8 +37,10 @@ usage: ./run.sh STEP [args...]
   setup      install the pinned stack into .venv (idempotent; Horovod wheel cached)
   doctor     check the stack: versions, Horovod build, a real 2-rank allreduce, Spark, Petastorm
   demo       the whole chain on synthetic data, on CPU: features -> train (NP ranks) -> backtest -> gate -> deploy -> score
-  test       the test suite (what CI runs): the unit tier, then the rest; --fast: the unit
-             tier only (about a minute); other arguments go to pytest
+  test       the test suite as CI runs it: the classic stack's every tier, then the current
+             stack's unit tier and its tests marked both_stacks (HVD_CTSM_STACK=... : that
+             stack's part only); --fast: the unit tier only (about a minute); other arguments
+             go to pytest (on the classic stack unless HVD_CTSM_STACK says)
   lint       ruff, isort and hadolint (the Dockerfiles)
   features   the Spark feature job         (hvd-ctsm features ...)
   train      the trainer on NP ranks   (NP=2 ./run.sh train --data DIR ...): torchrun (DDP,
@@ -167,19 +171,36 @@ elastic() {
 }
 
 run_tests() {
+    if [[ $# -eq 0 && -z $STACK_CHOSEN ]]; then
+        # Both stacks, each from its own venv: the nested runs choose theirs (VENV and the
+        # stack's other settings are set again there, not inherited from this one).
+        local start=$SECONDS
+        echo "[run.sh] test: the classic stack (every tier), then the current stack (the unit" \
+            "tier and the tests marked both_stacks)"
+        env -u VENV -u HVD_CTSM_CONSTRAINTS -u HVD_CTSM_BACKENDS HVD_CTSM_STACK=classic \
+            "$REPO/run.sh" test
+        echo "[run.sh] test: classic stack done in $((SECONDS - start)) s"
+        env -u VENV -u HVD_CTSM_CONSTRAINTS -u HVD_CTSM_BACKENDS HVD_CTSM_STACK=current \
+            "$REPO/run.sh" test
+        echo "[run.sh] test: both stacks passed in $((SECONDS - start)) s"
+        return
+    fi
     ensure_setup
     # Each Horovod rank and Spark would otherwise start one thread per core and fight.
     # TEST_WORKERS pytest processes (pytest-xdist), each running whole test files; 0 runs the
     # suite in this process. With no arguments: the unit tier first (about a minute; a failure
-    # there stops before the slow tiers start), then every other tier.
+    # there stops before the slow tiers start), then every other tier (on the current stack:
+    # the tests marked both_stacks, those that depend on the stack; the rest ran on the classic).
     local pytest=(env OMP_NUM_THREADS=1 "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-2}"
         --dist loadfile)
     if [[ $# -gt 0 ]]; then
         "${pytest[@]}" "$@"
         return
     fi
-    echo "[run.sh] test: the unit tier first, then the component and entry-point tiers"
-    "${pytest[@]}" --fast && "${pytest[@]}" --heavy
+    local heavy=(--heavy)
+    [[ $HVD_CTSM_STACK == current ]] && heavy+=(-m both_stacks)
+    echo "[run.sh] test ($HVD_CTSM_STACK stack): the unit tier first, then ${heavy[*]}"
+    "${pytest[@]}" --fast && "${pytest[@]}" "${heavy[@]}"
 }
 
 main() {

@@ -46,7 +46,8 @@ else:  # built before: its metadata says the same
     meta = json.loads((DATA / "metadata.json").read_text())
 print("examples per split:", {k: v["rows"] for k, v in meta["splits"].items()})
 
-# %% 2. Train: one Horovod rank per Spark task (Gloo), the same trainer as under horovodrun
+# %% 2. Train: one rank per Spark task, the same trainer as under horovodrun or torchrun:
+# horovod.spark where Horovod is installed, else TorchDistributor (dist.backend=auto)
 summary = train_model(spark, DATA, WORK / "run", num_proc=NUM_PROC, epochs=1,
                       overrides=["data.batch_size=16", "model.dim=16", "model.layers=1",
                                  "progress=false", "dist.threads_per_rank=1"])

@@ -1,12 +1,17 @@
 """Shared fixtures (the real MovieLens 100K folder, one local Spark session per test run) and
 the test tiers.
 
-Tiers are markers: `spark` (a local Spark session), `horovod` (real horovodrun workers), `slow`
+Tiers are markers: `spark` (a local Spark session), `horovod` (real Horovod workers: horovodrun,
+horovod.spark), `slow`
 (seconds to minutes: subprocesses, wheels, Docker), `faults` (injected failures), `e2e` (a whole
 chain through a user's entry point), `cluster` (a Spark standalone cluster) and `unit`, which this
 file gives every test that has none of the first three and uses no Spark or dataset fixture: pure
 Python and torch in this process, seconds in all. `pytest --fast` (`./run.sh test --fast`) runs
 the unit tier only; plain `pytest` runs every tier, as CI does.
+
+Two markers name a part only the classic stack has: `horovod` and `petastorm` (Petastorm's own
+reader or writer). Where that part is not installed (the current stack) their tests are skipped,
+each saying why.
 
 The folders are the same map: `tests/unit` holds unit-tier tests only, `tests/integration` (real
 Spark, datasets, workers, entry points at 2 ranks) and `tests/cluster` (a Spark standalone
@@ -16,6 +21,7 @@ or start (fault injection, worker scripts).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -24,6 +30,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 HEAVY_MARKERS = {"spark", "horovod", "slow"}
 HEAVY_FIXTURES = {"spark", "tiny_features", "ml100k"}
+CLASSIC_ONLY = {"horovod": "Horovod", "petastorm": "Petastorm"}  # marker -> the part it needs
 
 
 def pytest_addoption(parser):
@@ -44,9 +51,14 @@ def pytest_collection_modifyitems(config, items):
     if misplaced:
         raise pytest.UsageError("tests/unit holds the unit tier only, and it holds all of it; "
                                 "move these: " + ", ".join(misplaced))
+    missing = {m: name for m, name in CLASSIC_ONLY.items() if importlib.util.find_spec(m) is None}
     for item in items:
         if is_unit(item):
             item.add_marker(pytest.mark.unit)
+        needs = [name for m, name in missing.items() if item.get_closest_marker(m)]
+        if needs:
+            item.add_marker(pytest.mark.skip(reason=f"needs {' and '.join(needs)}: the classic "
+                                             "stack (HVD_CTSM_STACK=classic ./run.sh setup)"))
     for option, keep in (("--fast", is_unit), ("--heavy", lambda item: not is_unit(item))):
         if config.getoption(option):
             skipped = [item for item in items if not keep(item)]

@@ -147,6 +147,7 @@ TINY_TRAINING = ["data.batch_size=16", "model.dim=16", "model.layers=1", "progre
                  "dist.threads_per_rank=1"]  # with EPOCHS=1
 
 
+@pytest.mark.both_stacks
 def test_run_sh_pipeline_with_two_training_tasks_then_scoring_on_the_cluster(cluster, tmp_path):
     """The README's route: MASTER=spark://... ./run.sh pipeline-spark, its knobs in the
     environment and the pipeline's own options after it."""
@@ -204,7 +205,9 @@ print(json.dumps({"first": first, "after": task_slots(spark)}))
 def test_training_waits_for_the_executors_task_slots_to_register(cluster):
     """Before: the slot check read defaultParallelism as the application started, which is 2
     (Spark's floor) before any executor registers, so num_proc=3 was refused on a 3-slot
-    cluster (and num_proc=2 passed on a 1-slot one)."""
+    cluster (and num_proc=2 passed on a 1-slot one). Classic stack only: under Spark 4.3 the
+    worker's executor had registered before the session was returned (first reading 3), so
+    there the test could not show the wait."""
     app, out = run_on_cluster(cluster, [sys.executable, "-c", SLOT_WAIT, cluster[0]])
     readings = json.loads(out.strip().splitlines()[-1])
     assert readings["first"][0] < 3 and readings["first"][1] < 3, readings  # none registered

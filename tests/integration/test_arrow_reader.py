@@ -9,6 +9,8 @@ import pytest
 
 from hvd_ctsm.data.batches import open_reader, plan_epoch, split_url, train_batches
 
+pytestmark = pytest.mark.petastorm
+
 
 def read_all(monkeypatch, reader: str, url: str, rank: int, size: int, seed, shuffle, fields=None):
     monkeypatch.setenv("HVD_CTSM_READER", reader)

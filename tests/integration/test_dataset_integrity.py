@@ -18,6 +18,8 @@ import pytest
 from hvd_ctsm.data.batches import DatasetError, split_url, verify_split
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.both_stacks
+
 
 def run_module(module: str, *args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,

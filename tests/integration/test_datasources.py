@@ -1,6 +1,7 @@
 """Inputs and outputs where the data lives: a catalog table as the feature job's source, bad
 sources refused in one line, and a feature dataset on an S3-compatible server (moto, started by
-the test on 127.0.0.1) read by the real trainer under horovodrun, with the scores written back.
+the test on 127.0.0.1) read by the real trainer at two ranks (horovodrun; torchrun where
+Horovod is not installed), with the scores written back.
 
 What this machine cannot do, and so is not tested here: Spark reading or writing s3a:// itself
 (PySpark ships no hadoop-aws jars and there is no Maven access to fetch them), delta: reads (no
@@ -18,12 +19,21 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from hvd_ctsm import distributed
 from spark_jobs.build_features import build_features, main
 from spark_jobs.config import FeatureConfig
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.both_stacks]
 
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+
+
+def two_ranks() -> list[str]:
+    """horovodrun where Horovod is installed (the classic stack), else torchrun."""
+    if distributed.horovod_importable():
+        return [HOROVODRUN, "-np", "2", "--gloo"]
+    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--no-python"]
 COLUMNS = ("client_id", "item_id", "timestamp", "event_type", "value")
 
 
@@ -125,7 +135,7 @@ def s3():
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-def test_features_on_s3_train_under_horovod_and_score_back_to_s3(spark, s3, tmp_path, capsys):
+def test_features_on_s3_train_on_two_ranks_and_score_back_to_s3(spark, s3, tmp_path, capsys):
     from hvd_ctsm.serving import score
     url = "s3://ctsm/features"
     summary = build_features(spark, FeatureConfig(
@@ -139,7 +149,7 @@ def test_features_on_s3_train_under_horovod_and_score_back_to_s3(spark, s3, tmp_
 
     run = tmp_path / "run"
     proc = subprocess.run(
-        [HOROVODRUN, "-np", "2", "--gloo", sys.executable, "-m", "hvd_ctsm.train", "--data", url,
+        [*two_ranks(), sys.executable, "-m", "hvd_ctsm.train", "--data", url,
          "--out", str(run), "--epochs", "1", "data.batch_size=16", "model.dim=16",
          "model.layers=1", "progress=false"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})

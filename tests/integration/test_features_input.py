@@ -13,7 +13,7 @@ import pytest
 from spark_jobs.build_features import build_features
 from spark_jobs.config import FeatureConfig, parse_time
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.both_stacks]
 
 ZOE = 'Zoë, "the" client'
 MULTI = "two\nlines"

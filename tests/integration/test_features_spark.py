@@ -7,7 +7,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs import attributes, split, validate
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.both_stacks]
 
 RAW = "client_id string, item_id string, timestamp string, event_type string, value string"
 NOW = 2_000_000_000

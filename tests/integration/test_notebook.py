@@ -1,4 +1,6 @@
-"""The notebook example runs, on the test session's SparkSession (as a notebook's `spark`)."""
+"""The notebook example runs, on the test session's SparkSession (as a notebook's `spark`):
+training under horovod.spark where Horovod is installed (the classic stack), else
+TorchDistributor (dist.backend=auto), as in a user's notebook."""
 
 import runpy
 
@@ -7,7 +9,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.spark, pytest.mark.horovod, pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.e2e, pytest.mark.both_stacks]
 
 
 def test_notebook_example_runs_every_step(spark, tmp_path):

@@ -17,6 +17,8 @@ from hvd_ctsm.files import outputs
 from hvd_ctsm.train import launch
 from spark_jobs.build_features import main as features_main
 
+pytestmark = pytest.mark.both_stacks
+
 SMALL = "synthetic:clients=60,items=30,events=1500,seed=3"
 
 

@@ -17,7 +17,7 @@ SHARED = ["--epochs", "1", "max_steps=6", "model.loss=shared", "model.shared_neg
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["torch", "horovod"])
+@pytest.mark.parametrize("engine", ["torch", pytest.param("horovod", marks=pytest.mark.horovod)])
 def test_sparse_exchange_keeps_ranks_in_step_and_equals_the_dense_exchange(engine, tiny_features,
                                                                            tmp_path):
     launcher = trainer_torchrun() if engine == "torch" else HOROVOD_NP2

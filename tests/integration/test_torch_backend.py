@@ -13,6 +13,7 @@ import psutil
 import pytest
 import torch
 
+from hvd_ctsm import distributed
 from hvd_ctsm.model.checkpoint import load_state
 from tests.helpers import faultlib as fl
 
@@ -36,7 +37,7 @@ def launcher(backend: str) -> list[str]:
     return trainer_torchrun() if backend == "torch" else HOROVOD_NP2
 
 
-@pytest.mark.horovod
+@pytest.mark.both_stacks
 @pytest.mark.spark
 @pytest.mark.slow
 def test_torchrun_two_ranks_learn_stay_in_sync_and_only_rank0_writes(tiny_features, tmp_path):
@@ -80,10 +81,13 @@ def test_horovod_only_settings_stop_a_torch_run_with_the_fix(tiny_features, tmp_
 
 
 @pytest.fixture(scope="module")
-def whole_horovod_run(tiny_features, tmp_path_factory) -> Path:
-    """An uninterrupted np=2 Horovod run: what every interrupted run below must end with."""
+def whole_run(tiny_features, tmp_path_factory) -> Path:
+    """An uninterrupted np=2 run: what every interrupted run below must end with. Under Horovod
+    where it is installed (the classic stack), else torchrun: both train the same numbers (the
+    cross-backend resumes below compare the two, bit for bit)."""
     out = tmp_path_factory.mktemp("whole") / "run"
-    fl.run(fl.trainer_cmd(tiny_features, out, *RUN, launcher=HOROVOD_NP2))
+    engine = "horovod" if distributed.horovod_importable() else "torch"
+    fl.run(fl.trainer_cmd(tiny_features, out, *RUN, launcher=launcher(engine)))
     return out
 
 
@@ -116,7 +120,7 @@ def plain(value):
 @pytest.mark.slow
 @pytest.mark.parametrize("first, then", [("torch", "horovod"), ("horovod", "torch")])
 def test_a_run_stopped_under_one_backend_resumes_under_the_other(tiny_features, tmp_path,
-                                                                 whole_horovod_run, first, then):
+                                                                 whole_run, first, then):
     out = tmp_path / "run"
     stop = PER_EPOCH + 3  # inside the second epoch
     fl.run(fl.trainer_cmd(tiny_features, out, *RUN, f"max_steps={stop}",
@@ -124,16 +128,15 @@ def test_a_run_stopped_under_one_backend_resumes_under_the_other(tiny_features, 
     assert fl.checkpoint_steps(out)[-1] == stop
     proc = fl.run(fl.trainer_cmd(tiny_features, out, *RUN, "--resume", launcher=launcher(then)))
     assert f"resumed from step {stop} " in proc.stdout + proc.stderr
-    assert fl.same_model(whole_horovod_run / "model.pt", out / "model.pt")
-    assert run_folder(out) == run_folder(whole_horovod_run)
+    assert fl.same_model(whole_run / "model.pt", out / "model.pt")
+    assert run_folder(out) == run_folder(whole_run)
 
 
-@pytest.mark.horovod
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.faults
 def test_torchrun_restarts_after_a_worker_is_sigkilled_and_resumes(tiny_features, tmp_path,
-                                                                   whole_horovod_run):
+                                                                   whole_run):
     """torchrun --max-restarts 1: one worker SIGKILLed inside epoch 2; torchrun stops the other,
     starts both again, and they resume from the latest checkpoint to the same final model."""
     out, log = tmp_path / "run", tmp_path / "torchrun.log"
@@ -153,7 +156,7 @@ def test_torchrun_restarts_after_a_worker_is_sigkilled_and_resumes(tiny_features
               if e["event"] == "restarted_by_torchrun"]
     assert [e["restart"] for e in events] == [1]
     assert fl.summary(out)["steps"] == 2 * PER_EPOCH
-    assert fl.same_model(whole_horovod_run / "model.pt", out / "model.pt")
+    assert fl.same_model(whole_run / "model.pt", out / "model.pt")
     fl.record("torchrun_restart_np2", killed_after_checkpoint=step, resumed_from=resumed)
 
 
@@ -168,11 +171,11 @@ def worker_of_rank(proc: subprocess.Popen, rank: int) -> psutil.Process:
     raise AssertionError(f"no worker of rank {rank} under torchrun")
 
 
-@pytest.mark.horovod
+@pytest.mark.both_stacks
 @pytest.mark.spark
 @pytest.mark.slow
 def test_torch_distributor_trains_on_spark_tasks_like_horovod_spark(spark, tiny_features,
-                                                                     tmp_path, whole_horovod_run):
+                                                                     tmp_path, whole_run):
     """dist.backend=torch on Spark: TorchDistributor on local[2]'s tasks (local_mode=False)."""
     from hvd_ctsm.train.spark_train import train_on_spark
 
@@ -182,4 +185,4 @@ def test_torch_distributor_trains_on_spark_tasks_like_horovod_spark(spark, tiny_
                              num_proc=2, spark=spark)
     assert summary["ranks"] == 2 and summary["steps"] == 2 * PER_EPOCH
     assert len(set(summary["parameter_checksums"])) == 1
-    assert fl.same_model(whole_horovod_run / "model.pt", out / "model.pt")
+    assert fl.same_model(whole_run / "model.pt", out / "model.pt")

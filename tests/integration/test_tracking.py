@@ -18,6 +18,8 @@ import pytest
 from hvd_ctsm.tracking.link import read_link
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.both_stacks
+
 DEMO_DATA = "synthetic:clients=160,items=60,events=6000,seed=11"
 # A Unity Catalog-style three-level name (catalog.schema.model), as Databricks users register.
 NAME = "main.recsys.ctsm"
@@ -111,7 +113,6 @@ def store_uri(work: Path) -> str:
 
 
 @pytest.mark.spark
-@pytest.mark.horovod
 @pytest.mark.slow
 def test_demo_ends_with_a_tracked_run_and_a_champion(demo):
     from mlflow import MlflowClient
@@ -137,7 +138,6 @@ def test_demo_ends_with_a_tracked_run_and_a_champion(demo):
 
 
 @pytest.mark.spark
-@pytest.mark.horovod
 @pytest.mark.slow
 def test_champion_moves_only_after_a_passed_gate(demo, capsys, monkeypatch):
     """The gate reads the champion from the registry; a passing deploy moves the alias to the
@@ -191,7 +191,6 @@ def serving_histories(features: Path):
 
 
 @pytest.mark.spark
-@pytest.mark.horovod
 @pytest.mark.slow
 def test_pyfunc_from_the_registry_scores_pandas_and_spark(demo, spark, monkeypatch):
     """models:/ctsm@champion gives the same top-10 as batch scoring (hvd_ctsm.serving.score) for the
@@ -232,7 +231,6 @@ def counts_line(capsys) -> dict:
 
 
 @pytest.mark.spark
-@pytest.mark.horovod
 @pytest.mark.slow
 def test_scoring_jobs_score_the_registered_champion(demo, spark, tmp_path, monkeypatch, capsys):
     """hvd_ctsm.serving.score and the Spark job score with models:/ctsm@champion (from the store
@@ -266,7 +264,6 @@ def test_scoring_jobs_score_the_registered_champion(demo, spark, tmp_path, monke
 
 
 @pytest.mark.spark
-@pytest.mark.horovod
 @pytest.mark.slow
 def test_a_models_uri_that_names_nothing_is_one_line_and_exit_2(demo, spark, tmp_path,
                                                                  monkeypatch, capsys):

@@ -15,6 +15,8 @@ from spark_jobs import validate
 from spark_jobs.validate_rules import account, parse_row
 from tests.helpers.fuzz_events import MAX_TS, batches, event_types, ids, timestamps, values
 
+pytestmark = pytest.mark.both_stacks
+
 
 @pytest.mark.spark
 @pytest.mark.slow
