@@ -2,17 +2,21 @@
 
     from hvd_ctsm.api import backtest_model, make_features, score_clients, train_model
 
-    meta = make_features(spark, "synthetic:clients=1000,events=50000", "/dbfs/ctsm/features")
-    summary = train_model(spark, "/dbfs/ctsm/features", "/dbfs/ctsm/run", num_proc=4, epochs=5)
-    report = backtest_model("/dbfs/ctsm/features", "/dbfs/ctsm/run", gate="ndcg@10>=0.05")
-    scores = score_clients(spark, "/dbfs/ctsm/features", "/dbfs/ctsm/run", "/dbfs/ctsm/scores")
+    v = "/Volumes/main/recsys/ctsm"   # a Unity Catalog volume (dbfs:/Volumes/... works too)
+    meta = make_features(spark, "synthetic:clients=1000,events=50000", f"{v}/features")
+    summary = train_model(spark, f"{v}/features", f"{v}/run", num_proc=4, epochs=5)
+    report = backtest_model(f"{v}/features", f"{v}/run", gate="ndcg@10>=0.05")
+    scores = score_clients(spark, f"{v}/features", f"{v}/run", f"{v}/scores")
 
 The names are the notebook's own: no module of the package is called make_features, train_model,
 backtest_model or score_clients. This is the top layer (it may import anything, nothing imports
 it); it imports nothing heavy until a function runs, so torch, Spark and Horovod load on use.
+Locations are taken as the command-line options take them (`hvd_ctsm.files.storage.location`).
 """
 
 from __future__ import annotations
+
+from hvd_ctsm.files.storage import location
 
 
 def make_features(spark, source: str, out: str, **options) -> dict:
@@ -21,13 +25,14 @@ def make_features(spark, source: str, out: str, **options) -> dict:
     from spark_jobs.build_features import build_features as run
     from spark_jobs.config import FeatureConfig
 
-    return run(spark, FeatureConfig(source=source, out=str(out), **options))
+    return run(spark, FeatureConfig(source=source, out=location(str(out)), **options))
 
 
 def train_model(spark, data: str, out: str, num_proc: int = 2, config: str = "default",
                 epochs: int | None = None, overrides: list[str] | tuple = (),
                 init_from: str | None = None, overwrite: bool = True) -> dict:
-    """Train with horovod.spark on `num_proc` tasks of `spark`; returns train_summary.json.
+    """Train on `num_proc` tasks of `spark` (horovod.spark where Horovod is installed, else
+    TorchDistributor: dist.backend=auto); returns train_summary.json.
 
     overrides: trainer settings as 'section.field=value' (e.g. 'model.dim=32');
     init_from: a model.pt (or registry version) to warm-start from."""
@@ -37,9 +42,10 @@ def train_model(spark, data: str, out: str, num_proc: int = 2, config: str = "de
     from hvd_ctsm.train.spark_train import train_on_spark
 
     epochs_override = [] if epochs is None else [f"epochs={epochs}"]
-    cfg = load_config(config, [*overrides, f"data.path={data}", f"out={out}", *epochs_override])
-    options = LaunchOptions(overwrite=overwrite,
-                            init_from=str(resolve_model(init_from)) if init_from else None)
+    cfg = load_config(config, [*overrides, f"data.path={location(str(data))}",
+                               f"out={location(str(out))}", *epochs_override])
+    warm = str(resolve_model(location(str(init_from)))) if init_from else None
+    options = LaunchOptions(overwrite=overwrite, init_from=warm)
     return train_on_spark(cfg, num_proc=num_proc, spark=spark, options=options)
 
 
@@ -51,8 +57,8 @@ def backtest_model(data: str, model: str, gate: str = "", report: str | None = N
     from hvd_ctsm.evaluation.gate import decide, parse_gate
 
     rules = parse_gate(gate)
-    result = run_backtest(str(data), str(model), split)
-    decide(result, rules, None, 0.0, report, "backtest", echo=False)
+    result = run_backtest(location(str(data)), location(str(model)), split)
+    decide(result, rules, None, 0.0, report and location(str(report)), "backtest", echo=False)
     return result
 
 
@@ -61,11 +67,11 @@ def score_clients(spark, data: str, model: str, out: str, k: int = 10,
     """Top-K unseen items per client as Parquet: on the cluster with a SparkSession (a folder),
     in this process with spark=None (one file). `model`: registry, run folder, model.pt or
     models:/NAME@ALIAS (from `tracking_uri`, else MLFLOW_TRACKING_URI, else DATA/../mlflow)."""
+    data, model, out = (location(str(x)) for x in (data, model, out))
     if spark is None:
         from hvd_ctsm.serving.score import score_dataset
 
         return score_dataset(data, model, out, k, tracking_uri=tracking_uri)
     from spark_jobs.score_topk import score_topk
 
-    return score_topk(spark, str(data), str(model), str(out), k, overwrite=overwrite,
-                      tracking_uri=tracking_uri)
+    return score_topk(spark, data, model, out, k, overwrite=overwrite, tracking_uri=tracking_uri)

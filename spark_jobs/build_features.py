@@ -28,6 +28,7 @@ from hvd_ctsm.data.schema import OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT
 from hvd_ctsm.errors import (BAD_INPUT_ERRORS, EXIT_BAD_INPUT, EXIT_CRASH, arg_parser, one_line,
                              run_cli)
 from hvd_ctsm.files import outputs, storage
+from hvd_ctsm.files.storage import location
 from spark_jobs import attributes, sequences, split, validate, vocab, write
 from spark_jobs.config import FeatureConfig, parse_time
 from spark_jobs.sources import load_source
@@ -266,7 +267,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--source", required=True,
         help="movielens:DIR | synthetic:k=v,... | events:PATH-OR-URL | table:NAME | delta:PATH",
     )
-    p.add_argument("--out", required=True, help="output folder, or a URL (s3://...) to upload to")
+    p.add_argument("--out", type=location, required=True,
+                   help="output folder, or a URL (s3://...) to upload to")
     p.add_argument("--split", choices=("time", "leave-last-out"), default="leave-last-out")
     p.add_argument("--cutoffs", help="T1,T2 (unix seconds or ISO dates) for --split time")
     p.add_argument("--max-len", type=int, default=200, help="longest history (default 200)")
@@ -283,7 +285,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-timestamp", help="latest valid timestamp (default: now + 1 day)")
     p.add_argument("--client-attrs", help="client attributes table (events: sources)")
     p.add_argument("--item-attrs", help="item attributes table (events: sources)")
-    p.add_argument("--previous-vocab", help="vocab.json of a previous run to extend")
+    p.add_argument("--previous-vocab", type=location, help="vocab.json of a previous run to extend")
     p.add_argument("--strict", action="store_true", help="fail instead of rejecting rows")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hvd_ctsm.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, exit_code_for
+from hvd_ctsm.files.storage import location
 
 
 @dataclass
@@ -161,8 +162,8 @@ def run_pipeline(spark, cfg: PipelineConfig) -> int:
 def parse_args(argv=None):
     p = arg_parser("pipeline", __doc__.splitlines()[0])
     p.add_argument("--source", required=True, help="movielens:DIR, synthetic:k=v,.. or events:PATH")
-    p.add_argument("--work", required=True, help="folder for this run's outputs")
-    p.add_argument("--registry", required=True, help="model registry folder")
+    p.add_argument("--work", type=location, required=True, help="folder for this run's outputs")
+    p.add_argument("--registry", type=location, required=True, help="model registry folder")
     p.add_argument("--gate", default=PipelineConfig.gate, help="deploy gate")
     p.add_argument("--num-proc", type=int, default=2, help="Horovod ranks (Spark tasks)")
     p.add_argument("--config", default="default", help="trainer preset or YAML")

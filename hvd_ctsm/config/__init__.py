@@ -25,6 +25,7 @@ import yaml
 from hvd_ctsm.config.model_config import ModelConfig
 from hvd_ctsm.config.types import ConfigError, build, check, one_of
 from hvd_ctsm.errors import arg_parser
+from hvd_ctsm.files.storage import location
 
 
 @dataclass
@@ -325,11 +326,12 @@ def train_arg_parser(prog: str = "hvd-ctsm train") -> argparse.ArgumentParser:
     p = arg_parser(prog, "Train a CTSM on one rank or many.")
     p.add_argument("overrides", nargs="*", help="section.field=value, e.g. optim.lr=0.002")
     p.add_argument("--config", help=f"YAML file or preset name ({', '.join(preset_names())})")
-    p.add_argument("--data", help="feature job output folder (data.path)")
-    p.add_argument("--out", help="run folder")
+    p.add_argument("--data", type=location, help="feature job output folder (data.path)")
+    p.add_argument("--out", type=location, help="run folder")
     p.add_argument("--epochs", help="passes over the training split (epochs)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    p.add_argument("--init-from", help="warm-start from a model.pt (vocabulary may have grown)")
+    p.add_argument("--init-from", type=location,
+                   help="warm-start from a model.pt (vocabulary may have grown)")
     p.add_argument("--overwrite", action="store_true", help="start afresh in an existing --out")
     p.add_argument("--elastic", action="store_true",
                    help="train under hvd.elastic.run (launch with horovodrun --min-np/--max-np "

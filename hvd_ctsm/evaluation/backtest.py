@@ -22,6 +22,7 @@ from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.evaluation import gate
 from hvd_ctsm.evaluation.evaluate import Popularity, evaluate, model_scorer, paired_differences
+from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import load_model, model_file
 
 
@@ -89,9 +90,9 @@ def print_table(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = arg_parser("hvd-ctsm backtest", __doc__.splitlines()[0])
-    p.add_argument("--data", required=True, help="feature job output folder")
-    p.add_argument("--model", required=True, help="run folder or model.pt")
-    p.add_argument("--report", required=True, help="where the JSON report goes")
+    p.add_argument("--data", type=location, required=True, help="feature job output folder")
+    p.add_argument("--model", type=location, required=True, help="run folder or model.pt")
+    p.add_argument("--report", type=location, required=True, help="where the JSON report goes")
     p.add_argument("--split", default="test", choices=["test", "validation"])
     p.add_argument("--gate", default="", help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'")
     p.add_argument("--champion", help="the deployed model's report, or models:/NAME@champion "

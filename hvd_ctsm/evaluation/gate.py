@@ -23,6 +23,7 @@ from pathlib import Path
 from hvd_ctsm import tracking
 from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.files.atomic import atomic_write_bytes
+from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import model_file
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
@@ -95,7 +96,7 @@ def decide(report: dict, rules, champion: dict | None, tolerance: float,
 
 def main(argv: list[str] | None = None) -> int:
     p = arg_parser("hvd-ctsm gate", __doc__.splitlines()[0])
-    p.add_argument("--report", required=True, help="a report written by "
+    p.add_argument("--report", type=location, required=True, help="a report written by "
                                                        "hvd-ctsm backtest")
     p.add_argument("--gate", required=True, help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'")
     p.add_argument("--champion", help="the deployed model's report, or models:/NAME@champion "

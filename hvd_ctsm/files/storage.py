@@ -43,6 +43,18 @@ def local_path(location: str | Path) -> Path:
     return Path(text)
 
 
+def location(text: str) -> str:
+    """A location as a user may write it, as the package takes it: Databricks' `dbfs:/Volumes/...`
+    (a Unity Catalog volume) and other `dbfs:/...` paths become the local paths every node of a
+    Databricks cluster mounts them at (`/Volumes/...`, `/dbfs/...`), so that they take the local
+    route (atomic renames, markers) as `/Volumes/...` itself does; anything else is unchanged.
+    The type of every command-line option that names a dataset, model, report or output."""
+    if scheme(text) != "dbfs":
+        return text
+    path = "/" + re.sub(r"^dbfs:/+", "", text, flags=re.IGNORECASE)
+    return path if path.startswith("/Volumes/") or path == "/Volumes" else "/dbfs" + path
+
+
 def join(location: str | Path, *parts: str) -> str:
     """`location`/part/... as a string (URL joining keeps the scheme and host)."""
     if is_remote(location):

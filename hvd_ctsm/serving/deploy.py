@@ -29,6 +29,7 @@ from pathlib import Path
 from hvd_ctsm import tracking
 from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.files.atomic import atomic_write_bytes
+from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import model_file
 
 
@@ -146,9 +147,10 @@ def current(registry: str | Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = arg_parser("hvd-ctsm deploy", __doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="run folder or model.pt")
-    p.add_argument("--report", required=True, help="the backtest report with a passed gate")
-    p.add_argument("--registry", required=True, help="model registry folder")
+    p.add_argument("--model", type=location, required=True, help="run folder or model.pt")
+    p.add_argument("--report", type=location, required=True,
+                   help="the backtest report with a passed gate")
+    p.add_argument("--registry", type=location, required=True, help="model registry folder")
     args = p.parse_args(argv)
     try:
         path = deploy(args.model, args.report, args.registry)

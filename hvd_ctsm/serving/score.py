@@ -38,6 +38,7 @@ from hvd_ctsm.errors import arg_parser, run_cli
 from hvd_ctsm.files import storage
 from hvd_ctsm.files.atomic import atomic_write_bytes
 from hvd_ctsm.files.outputs import UnsafeOutputError, check_not_an_input
+from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import load_model, model_file
 from hvd_ctsm.model.topk import client_states  # noqa: F401  (the scoring core, re-exported)
 from hvd_ctsm.model.topk import score_rows
@@ -198,13 +199,14 @@ def scoring_parser(prog: str, description: str, out: str) -> argparse.ArgumentPa
     """The options both scorers take (this one and spark_jobs/score_topk.py); `out` says what
     --out is for that scorer."""
     p = arg_parser(prog, description)
-    p.add_argument("--data", required=True, help="feature job output folder or URL (s3://...)")
-    p.add_argument("--model", required=True,
+    p.add_argument("--data", type=location, required=True,
+                   help="feature job output folder or URL (s3://...)")
+    p.add_argument("--model", type=location, required=True,
                    help="registry, run folder, model.pt or models:/NAME@ALIAS (MLflow)")
     p.add_argument("--tracking-uri", default="",
                    help="the MLflow store of a models:/ --model (default MLFLOW_TRACKING_URI, "
                         "else DATA/../mlflow/mlflow.db)")
-    p.add_argument("--out", required=True, help=out)
+    p.add_argument("--out", type=location, required=True, help=out)
     p.add_argument("--k", type=int, default=10, help="items per client (default 10)")
     p.add_argument("--split", default=None, choices=SCORABLE_SPLITS,
                    help="the rows to score from (default serving: every client's latest events; "

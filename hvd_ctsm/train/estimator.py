@@ -28,7 +28,7 @@ from hvd_ctsm.config.model_config import ModelConfig
 from hvd_ctsm.data.schema import EVENT_TYPES
 from hvd_ctsm.errors import EXIT_BAD_INPUT, arg_parser
 from hvd_ctsm.files import outputs, storage
-from hvd_ctsm.files.storage import StorageError
+from hvd_ctsm.files.storage import StorageError, location
 from hvd_ctsm.model.ctsm import CTSM, ModelSizes
 
 # The frame's history columns: (column, the dataset's field, element type).
@@ -170,9 +170,10 @@ def write_predictions(spark, data: str, store: str, out: str, overwrite: bool = 
 
 def main(argv: list[str] | None = None) -> int:
     p = arg_parser("hvd_ctsm.train.estimator", __doc__.splitlines()[0])
-    p.add_argument("--data", required=True, help="feature job output folder")
+    p.add_argument("--data", type=location, required=True, help="feature job output folder")
     p.add_argument("--store", required=True, help="Store folder (local, hdfs://, /dbfs/)")
-    p.add_argument("--out", required=True, help="predictions of the test split (Parquet folder)")
+    p.add_argument("--out", type=location, required=True,
+                   help="predictions of the test split (Parquet folder)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an OUT that an earlier run of this command wrote")
     p.add_argument("--num-proc", type=int, default=2)

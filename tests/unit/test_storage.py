@@ -76,3 +76,33 @@ def test_schemes_paths_and_errors(tmp_path):
         storage.exists("nosuch://bucket/features")
     with pytest.raises(FileNotFoundError):
         storage.read_bytes("memory://ds/absent.json")
+
+
+@pytest.mark.parametrize("written, taken", [
+    ("dbfs:/Volumes/main/recsys/ctsm/features", "/Volumes/main/recsys/ctsm/features"),
+    ("dbfs:///Volumes/main/recsys/ctsm", "/Volumes/main/recsys/ctsm"),
+    ("DBFS:/Volumes/main/recsys/ctsm", "/Volumes/main/recsys/ctsm"),
+    ("dbfs:/ctsm/run", "/dbfs/ctsm/run"),
+    ("/Volumes/main/recsys/ctsm", "/Volumes/main/recsys/ctsm"),
+    ("s3://bucket/features", "s3://bucket/features"),
+    ("models:/main.recsys.ctsm@champion", "models:/main.recsys.ctsm@champion"),
+    ("runs/demo", "runs/demo"),
+])
+def test_databricks_locations_take_the_local_route(written, taken):
+    assert storage.location(written) == taken
+    assert storage.location(taken) == taken  # idempotent
+    if written.lower().startswith("dbfs:"):
+        assert not storage.is_remote(taken)
+
+
+def test_every_command_takes_a_volume_uri_as_its_local_path(tmp_path, capsys):
+    """A dbfs:/Volumes/... option reaches the command as /Volumes/...: here nothing is there, so
+    the one-line error names that path (not an unknown 'dbfs' scheme)."""
+    from hvd_ctsm import cli
+    from hvd_ctsm.errors import run_cli
+
+    volume = "dbfs:/Volumes/main/recsys/nowhere"
+    code = run_cli(cli.main, "hvd-ctsm", ["backtest", "--data", f"{volume}/features", "--model",
+                                         f"{volume}/run", "--report", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "/Volumes/main/recsys/nowhere/" in err and "dbfs" not in err, err
