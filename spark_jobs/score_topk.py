@@ -1,7 +1,9 @@
-"""Batch scoring on Spark: the top-K items for every client, written as a Parquet folder.
+"""Batch scoring on Spark: the top-K items for every client, written as a Parquet folder or a
+table of the session's catalog.
 
     spark-submit spark_jobs/score_topk.py --data FEATURES --model REGISTRY --out SCORES --k 10
     spark-submit spark_jobs/score_topk.py --data FEATURES --model models:/ctsm@champion ...
+    spark-submit spark_jobs/score_topk.py ... --out table:main.recsys.ctsm_scores
     score_topk(spark, data, model, out, k=10)        # from a notebook with its own session
 
 The same scoring as `hvd-ctsm score` (hvd_ctsm.serving.score.score_rows), spread over the
@@ -11,7 +13,9 @@ the model, decodes its Petastorm rows and yields its clients' top-K. A registere
 own files (hvd_ctsm.serving.score.model_source) and broadcasts its model.pt. Rows come from the
 `serving` split (every client's latest events) or, for features built before it existed, from
 the `test` split with a warning (hvd_ctsm.serving.score.scoring_split). The output folder is built
-under a temporary name and renamed into place when complete.
+under a temporary name and renamed into place when complete. `--out table:NAME` writes a table
+of the session's catalog instead (Unity Catalog's `catalog.schema.table` on Databricks), written
+by one Spark job; an existing table is replaced only with --overwrite.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from hvd_ctsm.serving.score import (ScoringError, model_inputs, model_source, sc
                                     scoring_split, vocab_items)
 from spark_jobs.session import ExecutorPythonError, check_executors, get_spark, job_settings
 
+TABLE = "table:"  # --out table:NAME: a table of the session's catalog
 OUTPUT_SCHEMA = ("client_id string, rank int, item_id string, item int, score float, "
                  "p_sale float")
 
@@ -71,29 +76,53 @@ def _score_model(spark, dataset, model: str, path: Path, out: str, k: int, split
                  overwrite: bool) -> dict:
     """Score with the model file `path` (what `model` resolved to) into OUT, built in a stage."""
     url = dataset.split(split)  # a damaged or incomplete dataset stops here
+    if out.startswith(TABLE):
+        return _score_table(spark, dataset, path, url, out.removeprefix(TABLE), k, overwrite)
     with outputs.staged(out, overwrite, "scores", model_inputs(dataset.path, model)) as stage:
         items = vocab_items(dataset, load_state(path))  # checks the model's checksum, vocab
         check_executors(spark)
+        folder = str(stage.resolve())  # the stage holds our marker: append beside it
         with job_settings(spark):
-            summary = _score_into(spark, stage, url, path, items, k)
+            summary = _score_into(spark, url, path, items, k,
+                                  lambda scores: scores.write.mode("append").parquet(folder),
+                                  lambda: spark.read.parquet(folder))
     return summary
 
 
-def _score_into(spark, stage: Path, url: str, path: Path, items: list, k: int):
-    """Score the split at `url` into the folder `stage`; return the counts."""
+def _score_table(spark, dataset, path: Path, url: str, table: str, k: int,
+                 overwrite: bool) -> dict:
+    """Score into the catalog table `table`, written by one Spark job (saveAsTable): a failed
+    job creates no table, and an existing one is replaced only with `overwrite`."""
+    if not table:
+        raise ScoringError("--out table: needs a table name: table:NAME (catalog.schema.table)")
+    if spark.catalog.tableExists(table) and not overwrite:
+        raise ScoringError(f"table {table} exists: pass --overwrite to replace it, or name "
+                           "another table")
+    items = vocab_items(dataset, load_state(path))
+    check_executors(spark)
+    mode = "overwrite" if overwrite else "errorifexists"
+    with job_settings(spark):
+        summary = _score_into(spark, url, path, items, k,
+                              lambda scores: scores.write.saveAsTable(table, mode=mode),
+                              lambda: spark.table(table))
+    return summary | {"table": table}
+
+
+def _score_into(spark, url: str, path: Path, items: list, k: int, write, read) -> dict:
+    """Score the split at `url`, `write` the scores (a DataFrame), `read` them back to count."""
     sc = spark.sparkContext
     scorer = _partition_scorer(sc.broadcast(path.read_bytes()), sc.broadcast(items), k)
     rows = spark_rows(spark, url)
-    scores = spark.createDataFrame(rows.mapPartitions(scorer), OUTPUT_SCHEMA)
-    scores.write.mode("append").parquet(str(stage.resolve()))  # the stage holds our marker
-    written = spark.read.parquet(str(stage.resolve()))
+    write(spark.createDataFrame(rows.mapPartitions(scorer), OUTPUT_SCHEMA))
+    written = read()
     counts = written.groupBy("client_id").count()
     return {"clients": rows.count(), "scored_clients": counts.count(), "rows": written.count(),
             "short": counts.filter(f"count < {k}").count(), "k": k}
 
 
 def main(argv=None) -> int:
-    p = scoring_parser("score_topk", __doc__.splitlines()[0], "output Parquet folder")
+    p = scoring_parser("score_topk", __doc__.splitlines()[0],
+                       "output Parquet folder, or table:NAME (a table of the session's catalog)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     args = p.parse_args(argv)

@@ -16,7 +16,7 @@ from hvd_ctsm.data.schema import SERVING_SPLIT
 from hvd_ctsm.serving import score
 from tests.integration.test_features_e2e import read_split
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.both_stacks]
 K = 5
 
 
@@ -78,6 +78,33 @@ def test_cli_and_spark_job_score_every_client_alike(spark, tiny_features, model_
     assert summary["rows"] == K * len(clients) and summary["short"] == 0
     distributed = check_scores(pq.read_table(tmp_path / "spark"), clients, vocab_items)
     assert distributed == local  # the two routes agree item for item
+
+
+def test_spark_scores_go_into_a_catalog_table_replaced_only_with_overwrite(
+        spark, tiny_features, model_run, clients, tmp_path):
+    """--out table:NAME (a database whose warehouse is under tmp_path, as a Unity Catalog
+    schema would be on Databricks): the same scores as the Parquet route's."""
+    from spark_jobs.score_topk import main, score_topk
+
+    spark.sql(f"CREATE DATABASE ctsm_out LOCATION '{(tmp_path / 'warehouse').as_uri()}'")
+    try:
+        summary = score_topk(spark, str(tiny_features), str(model_run), "table:ctsm_out.scores",
+                             k=K)
+        assert summary["table"] == "ctsm_out.scores" and summary["rows"] == K * len(clients)
+        table = spark.table("ctsm_out.scores").toPandas().sort_values(["client_id", "rank"])
+        vocab_items = json.loads((tiny_features / "vocab.json").read_text())["items"]
+        in_table = check_scores(SimpleNamespace(to_pylist=lambda: table.to_dict("records")),
+                                clients, vocab_items)
+        score_topk(spark, str(tiny_features), str(model_run), str(tmp_path / "parquet"), k=K)
+        assert in_table == top_items(tmp_path / "parquet")
+        args = ["--data", str(tiny_features), "--model", str(model_run), "--out",
+                "table:ctsm_out.scores", "--k", "3"]
+        assert main(args) == 2  # an existing table is never replaced without --overwrite
+        assert spark.table("ctsm_out.scores").count() == K * len(clients)
+        assert main([*args, "--overwrite"]) == 0
+        assert spark.table("ctsm_out.scores").count() == 3 * len(clients)
+    finally:
+        spark.sql("DROP DATABASE IF EXISTS ctsm_out CASCADE")
 
 
 def top_items(path) -> dict:
