@@ -83,7 +83,16 @@ step() { "$VENV/bin/hvd-ctsm" "$@"; }
 # Horovod launcher: Gloo on this one host; extra horovodrun flags via HOROVODRUN_ARGS.
 hvdrun() {
     # shellcheck disable=SC2086
+    need_horovod "BACKEND=horovod"
     "$VENV/bin/horovodrun" -np "$NP" --gloo ${HOROVODRUN_ARGS:-} "$@"
+}
+
+# One line and exit 2 where a Horovod route is asked for and the venv has no Horovod.
+need_horovod() {
+    [[ -x $VENV/bin/horovodrun ]] && return
+    echo "run.sh: $1 needs Horovod, which the $HVD_CTSM_STACK stack's venv ($VENV) has not: use" \
+        "the classic stack (./run.sh setup; HVD_CTSM_STACK=classic) or the torch backend" >&2
+    exit 2
 }
 
 # The torch backend's launcher: NP workers on this host (--standalone picks a free port), restarted
@@ -164,6 +173,7 @@ pipeline_spark() {
 # interface, and a cooldown after which a failed worker's host is tried again (it rejoins).
 # On a cluster, point HOSTS_SCRIPT at a script that prints the live hosts.
 elastic() {
+    need_horovod "elastic training"
     "$VENV/bin/horovodrun" -np 2 --min-np 1 --max-np 2 \
         --host-discovery-script "${HOSTS_SCRIPT:-$REPO/scripts/local_hosts.sh}" \
         --network-interface lo --blacklist-cooldown-range 10 60 --gloo \

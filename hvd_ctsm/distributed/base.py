@@ -162,9 +162,10 @@ def resolve(choice: str, env=os.environ, horovod_installed: bool | None = None) 
             raise BackendError("dist.backend=horovod, but torchrun started this worker: launch "
                                "with horovodrun, or set dist.backend=torch (or auto)")
         if not horovod_installed:
-            raise BackendError("dist.backend=horovod, but Horovod is not installed: run "
-                               "./run.sh setup without HVD_CTSM_BACKENDS=torch, or set "
-                               "dist.backend=torch and launch with torchrun")
+            raise BackendError("dist.backend=horovod, but Horovod is not installed (the current "
+                               "stack has none): use the classic stack (./run.sh setup without "
+                               "HVD_CTSM_BACKENDS=torch), or set dist.backend=torch and launch "
+                               "with torchrun")
     if choice == "torch" and launched_by_horovod(env):
         raise BackendError("dist.backend=torch, but horovodrun started this worker: launch with "
                            "torchrun, or set dist.backend=horovod (or auto)")

@@ -6,31 +6,50 @@ below it are its parts plus what only Horovod offers: Elastic Horovod and horovo
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import time
 from contextlib import contextmanager, nullcontext
 
 import torch
 
-from hvd_ctsm.distributed.base import Backend
+from hvd_ctsm.distributed.base import Backend, BackendError
 
 _hvd = None  # horovod.torch once init() ran
+
+
+class HorovodNotInstalled(BackendError, ValueError):
+    """A Horovod route where Horovod is not installed (the current stack): one line, exit 2."""
+
+
+def _import(module: str, route: str, instead: str):
+    """`module` of Horovod's; where Horovod is not installed at all, HorovodNotInstalled naming
+    the route, the classic stack and what to use instead (a broken install raises its own)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if importlib.util.find_spec("horovod") is not None:
+            raise
+        raise HorovodNotInstalled(
+            f"{route} needs Horovod, which is not installed here (the current stack has none): "
+            f"use the classic stack (./run.sh setup, HVD_CTSM_STACK=classic), or {instead}"
+        ) from exc
 
 
 def _horovod():
     global _hvd
     if _hvd is None:
-        import horovod.torch as hvd
-
-        _hvd = hvd
+        _hvd = _import("horovod.torch", "dist.backend=horovod",
+                       "set dist.backend=torch and launch with torchrun")
     return _hvd
 
 
 def build_info() -> dict:
     """What this Horovod was built with (the facts `horovodrun --check-build` prints)."""
+    hvd = _horovod()
     import horovod
 
-    hvd = _horovod()
     return {
         "version": horovod.__version__,
         "pytorch": True,  # the import of horovod.torch above succeeded
@@ -182,9 +201,9 @@ def spark_run(fn, args: tuple = (), num_proc: int = 2, env: dict | None = None,
     executors must have the same Python environment (true in local mode and on a cluster with
     the package installed on every node). nics: the network interfaces Horovod's services and
     the Gloo ranks use (None: every interface the tasks share)."""
-    import horovod.spark
-
-    return horovod.spark.run(fn, args=args, num_proc=num_proc, use_gloo=True, env=env,
+    spark = _import("horovod.spark", "horovod.spark.run",
+                    "set dist.backend=torch (TorchDistributor runs the same trainer)")
+    return spark.run(fn, args=args, num_proc=num_proc, use_gloo=True, env=env,
                              start_timeout=start_timeout, verbose=verbose,
                              nics=set(nics) if nics else None)
 
@@ -192,17 +211,17 @@ def spark_run(fn, args: tuple = (), num_proc: int = 2, env: dict | None = None,
 def torch_estimator(**kwargs):
     """horovod.spark.torch.TorchEstimator(**kwargs) (the driver script must be guarded by
     `if __name__ == "__main__":`: the estimator starts processes with spawn)."""
-    from horovod.spark.torch import TorchEstimator
-
-    return TorchEstimator(**kwargs)
+    estimators = _import("horovod.spark.torch", "the TorchEstimator route",
+                         "train with hvd_ctsm.api.train_model (TorchDistributor)")
+    return estimators.TorchEstimator(**kwargs)
 
 
 def spark_store(path: str):
     """horovod.spark.common.store.Store for a path: LocalStore for a local folder, HDFSStore for
     hdfs://, DBFSLocalStore for /dbfs/ on Databricks (Store.create picks by prefix)."""
-    from horovod.spark.common.store import Store
-
-    return Store.create(path)
+    stores = _import("horovod.spark.common.store", "the TorchEstimator route",
+                     "train with hvd_ctsm.api.train_model (TorchDistributor)")
+    return stores.Store.create(path)
 
 
 class HorovodBackend(Backend):

@@ -72,3 +72,25 @@ def test_torchrun_workers_exit_with_their_code_after_their_exit_handlers_skippin
     proc = fl.run([sys.executable, worker, str(alone), "4"], timeout=180, check=False)
     assert proc.returncode == 4, proc.stderr[-2000:]
     assert sorted(p.name for p in alone.iterdir()) == ["atexit-0", "teardown-0"]
+
+
+@pytest.mark.parametrize("route", ["torch_estimator", "spark_store", "spark_run"])
+def test_a_horovod_route_without_horovod_is_one_line_naming_the_classic_stack(route):
+    """Where Horovod is not installed (the current stack; its unit tier runs this), the routes
+    only Horovod serves stop with one line and exit 2, naming the classic stack and the torch
+    route to use instead."""
+    import importlib.util
+
+    from hvd_ctsm.distributed import horovod_backend
+    from hvd_ctsm.errors import exit_code_for
+
+    if importlib.util.find_spec("horovod") is not None:
+        pytest.skip("Horovod is installed (the classic stack): the current stack runs this")
+    call = {"torch_estimator": lambda: horovod_backend.torch_estimator(),
+            "spark_store": lambda: horovod_backend.spark_store("/tmp/store"),
+            "spark_run": lambda: horovod_backend.spark_run(print, (), 2, None, None, False)}
+    with pytest.raises(horovod_backend.HorovodNotInstalled, match="needs Horovod, which is not "
+                       "installed here .* use the classic stack") as info:
+        call[route]()
+    assert exit_code_for(info.value) == 2
+    assert "TorchDistributor" in str(info.value)  # what the current stack trains with instead
