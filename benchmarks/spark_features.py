@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     try:
         results = []
         for events in sizes:
-            results.append(run_one(spark, events, args.quick, workdir, 8 if args.quick else 64))
+            results.append(run_one(spark, events, args.quick, workdir, 2 if args.quick else 64))
             print(f"{events:,} events: {results[-1]['seconds']:.1f} s", flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
