@@ -170,7 +170,11 @@ class Trainer:
         try:
             return self._step(batches)
         except RuntimeError as exc:
-            if not any(sign in str(exc) for sign in PEER_LOST) or isinstance(exc, PeerLostError):
+            # Under Elastic Horovod a lost peer is its HorovodInternalError, which hvd.elastic.run
+            # catches to restore the last commit and go on with the ranks left: it must reach it
+            # as it is (wrapped, it ended the survivor too, as the elastic test caught).
+            if (dist.is_elastic_launch() or isinstance(exc, PeerLostError)
+                    or not any(sign in str(exc) for sign in PEER_LOST)):
                 raise
             raise PeerLostError(peer_lost_message(self.cfg, self.model, exc)) from exc
 

@@ -59,3 +59,33 @@ def test_fault_knob_and_straggler_report():
     report = step_time_report([0.1, 0.11, 0.9], [0.8, 0.79, 0.0])
     assert report["slowest_rank"] == 2 and report["slow_ranks"] == [2]
     assert step_time_report([0.2], [0.0])["slow_ranks"] == []  # one rank is never "slow"
+
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_a_lost_peer_is_reported_except_under_elastic_horovod_which_recovers_from_it(
+        monkeypatch, elastic):
+    """Trainer.step turns a transport's lost-peer error into PeerLostError (what to look for),
+    except under Elastic Horovod: there the error (its HorovodInternalError) must reach
+    hvd.elastic.run unchanged, which restores the last commit and goes on with the ranks left.
+    The real step(), on a Trainer whose one step fails as a lost peer's does."""
+    from hvd_ctsm.train.trainer import PeerLostError, Trainer
+    from tests.unit.test_model import ctsm
+
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1" if elastic else "0")
+    lost = RuntimeError("Horovod has been shut down. This was caused by an exception on one of "
+                        "the ranks")
+    trainer = object.__new__(Trainer)  # only what step() reads
+    trainer.cfg, trainer.model = load_config(None, []), ctsm()
+
+    def failing_step(batches):
+        raise lost
+
+    trainer._step = failing_step
+    with pytest.raises(RuntimeError) as raised:
+        trainer.step(iter([]))
+    if elastic:
+        assert raised.value is lost
+    else:
+        assert isinstance(raised.value, PeerLostError) and raised.value.__cause__ is lost
+        assert "ran out of memory" in str(raised.value)
