@@ -97,11 +97,15 @@ def metric_key(name: str) -> str:
 
 
 def flat_params(values: dict, prefix: str = "") -> dict[str, str]:
-    """A nested config as MLflow params: {'optim.lr': '0.002', 'model.head_weights': ...}."""
+    """A nested config as MLflow params: {'optim.lr': '0.002', 'model.head_weights': ...}. Keys
+    of a dict-valued setting become part of a param's name, spelled as MLflow allows
+    (`debug.step_delay_s={"*": 0.3}` -> `debug.step_delay_s._`: with the `*`, MLflow refused
+    the run's params and tracking went off)."""
     flat = {}
     for key, value in values.items():
         if isinstance(value, dict) and key != "head_weights":
             flat |= flat_params(value, f"{prefix}{key}.")
         else:
-            flat[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, dict) else str(value)
+            flat[metric_key(f"{prefix}{key}")] = (json.dumps(value) if isinstance(value, dict)
+                                                  else str(value))
     return flat

@@ -89,6 +89,7 @@ def test_a_killed_worker_leaves_the_other_training_and_its_host_rejoins(tiny_fea
 
     summary = fl.summary(out)
     assert summary["ranks"] == 2 and len(set(summary["parameter_checksums"])) == 1
+    assert [r.info.status for r in fl.mlflow_runs(out)] == ["FINISHED"]  # rank 0's, tracked
     assert [r["epoch"] for r in fl.read_jsonl(out / "metrics.jsonl")] == list(range(1, EPOCHS + 1))
     assert summary["model_epoch"] == summary["best"]["epoch"]  # model.pt: the best validated
     elastic_ndcg = summary["validation"]["full"]["ndcg@10"]

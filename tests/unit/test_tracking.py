@@ -20,6 +20,8 @@ def test_metric_keys_and_params_are_what_mlflow_accepts():
     assert metric_key("a:b") == "a_b"
     params = flat_params({"optim": {"lr": 0.002}, "model": {"head_weights": {"sale": 0.1}}})
     assert params == {"optim.lr": "0.002", "model.head_weights": '{"sale": 0.1}'}
+    # a dict setting's keys become names MLflow accepts (it refused the whole run's params)
+    assert flat_params({"debug": {"step_delay_s": {"*": 0.3}}}) == {"debug.step_delay_s._": "0.3"}
 
 
 def test_without_mlflow_tracking_is_off_with_one_log_line(tmp_path):
