@@ -82,8 +82,8 @@ step() { "$VENV/bin/hvd-ctsm" "$@"; }
 
 # Horovod launcher: Gloo on this one host; extra horovodrun flags via HOROVODRUN_ARGS.
 hvdrun() {
-    # shellcheck disable=SC2086
     need_horovod "BACKEND=horovod"
+    # shellcheck disable=SC2086
     "$VENV/bin/horovodrun" -np "$NP" --gloo ${HOROVODRUN_ARGS:-} "$@"
 }
 
