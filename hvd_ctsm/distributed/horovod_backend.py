@@ -7,14 +7,13 @@ below it are its parts plus what only Horovod offers: Elastic Horovod and horovo
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import time
 from contextlib import contextmanager, nullcontext
 
 import torch
 
-from hvd_ctsm.distributed.base import Backend, BackendError
+from hvd_ctsm.distributed.base import Backend, BackendError, horovod_importable
 
 _hvd = None  # horovod.torch once init() ran
 
@@ -29,7 +28,7 @@ def _import(module: str, route: str, instead: str):
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        if importlib.util.find_spec("horovod") is not None:
+        if horovod_importable():
             raise
         raise HorovodNotInstalled(
             f"{route} needs Horovod, which is not installed here (the current stack has none): "

@@ -13,9 +13,11 @@ from pathlib import Path
 import psutil
 import torch
 
+from hvd_ctsm import distributed
 from hvd_ctsm.model.checkpoint import load_state
 
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 # Small and quick; validate every epoch and never stop early (tests count validations).
 # No MLflow run: importing MLflow and opening a fresh store took about 5 s of each of these
 # 10-15 s runs. Tracking is tested where it is the subject (test_tracking, the demo, the
@@ -25,6 +27,16 @@ SMALL = ["data.batch_size=16", "model.dim=32", "model.layers=1", "model.dropout=
          "optim.lr=0.005", "optim.warmup_steps=5", "log_every_steps=2", "progress=false",
          "eval_every_epochs=1", "early_stop_evals=0", "tracking.enabled=false"]
 TRACKED = "tracking.enabled=true"
+
+
+def two_ranks(engine: str | None = None) -> list[str]:
+    """A two-rank launcher on this host, in front of a trainer command: horovodrun (Gloo) or
+    torchrun; None: horovodrun where Horovod is installed (the classic stack), else torchrun."""
+    if engine is None:
+        engine = "horovod" if distributed.horovod_importable() else "torch"
+    if engine == "horovod":
+        return [HOROVODRUN, "-np", "2", "--gloo"]
+    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--no-python"]
 
 
 def trainer_cmd(data, out, *extra, np_: int = 1, launcher: list[str] | None = None) -> list[str]:

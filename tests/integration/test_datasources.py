@@ -19,21 +19,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from hvd_ctsm import distributed
 from spark_jobs.build_features import build_features, main
 from spark_jobs.config import FeatureConfig
+from tests.helpers import faultlib as fl
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.both_stacks]
 
-HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
-
-
-def two_ranks() -> list[str]:
-    """horovodrun where Horovod is installed (the classic stack), else torchrun."""
-    if distributed.horovod_importable():
-        return [HOROVODRUN, "-np", "2", "--gloo"]
-    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--no-python"]
 COLUMNS = ("client_id", "item_id", "timestamp", "event_type", "value")
 
 
@@ -149,7 +140,7 @@ def test_features_on_s3_train_on_two_ranks_and_score_back_to_s3(spark, s3, tmp_p
 
     run = tmp_path / "run"
     proc = subprocess.run(
-        [*two_ranks(), sys.executable, "-m", "hvd_ctsm.train", "--data", url,
+        [*fl.two_ranks(), sys.executable, "-m", "hvd_ctsm.train", "--data", url,
          "--out", str(run), "--epochs", "1", "data.batch_size=16", "model.dim=16",
          "model.layers=1", "progress=false"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -6,26 +6,23 @@ with the model an uninterrupted run ends with, bit for bit, and writes the same 
 The unit-tier part is in tests/unit/test_torch_backend.py."""
 
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
-from hvd_ctsm import distributed
 from hvd_ctsm.model.checkpoint import load_state
 from tests.helpers import faultlib as fl
 
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
-HOROVOD_NP2 = [fl.HOROVODRUN, "-np", "2", "--gloo"]
+HOROVOD_NP2 = fl.two_ranks("horovod")
 EVERY = 4  # checkpoint_every_steps
 RUN = ["--epochs", "2", f"checkpoint_every_steps={EVERY}", "keep_checkpoints=3"]
 PER_EPOCH = 7  # optimizer steps per epoch of the tiny dataset at np=2
 
 
 def torchrun(*flags: str) -> list[str]:
-    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", *flags]
+    return [fl.TORCHRUN, "--standalone", "--nproc-per-node", "2", *flags]
 
 
 def trainer_torchrun(*flags: str) -> list[str]:
@@ -86,8 +83,7 @@ def whole_run(tiny_features, tmp_path_factory) -> Path:
     where it is installed (the classic stack), else torchrun: both train the same numbers (the
     cross-backend resumes below compare the two, bit for bit)."""
     out = tmp_path_factory.mktemp("whole") / "run"
-    engine = "horovod" if distributed.horovod_importable() else "torch"
-    fl.run(fl.trainer_cmd(tiny_features, out, *RUN, launcher=launcher(engine)))
+    fl.run(fl.trainer_cmd(tiny_features, out, *RUN, launcher=fl.two_ranks()))
     return out
 
 

@@ -17,6 +17,7 @@ import venv
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 
 from tests.conftest import REPO
 
@@ -107,15 +108,11 @@ def would_change(python: Path, wheel: Path, *pip_args) -> tuple[list[str], dict]
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     payload = json.loads(proc.stdout)
     listed = run([python, "-m", "pip", "list", "--format", "json"], cwd=wheel.parent)
-    there = {canonical(p["name"]) for p in json.loads(listed.stdout)}
+    there = {canonicalize_name(p["name"]) for p in json.loads(listed.stdout)}
     replaced = sorted(f"{item['metadata']['name']} {item['metadata']['version']}"
                       for item in payload["install"]
-                      if canonical(item["metadata"]["name"]) in there - {"hvd-ctsm"})
+                      if canonicalize_name(item["metadata"]["name"]) in there - {"hvd-ctsm"})
     return replaced, payload
-
-
-def canonical(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
 
 
 @pytest.mark.both_stacks
@@ -157,7 +154,7 @@ def test_a_runtime_like_environment_keeps_its_packages_and_runs_the_feature_job(
     and our reader reads back every row it wrote."""
     replaced, payload = would_change(runtime_like, wheel)
     assert replaced == [], replaced
-    added = {canonical(i["metadata"]["name"]) for i in payload["install"]}
+    added = {canonicalize_name(i["metadata"]["name"]) for i in payload["install"]}
     assert {"hvd-ctsm", "tensorboard"} <= added
     site = tmp_path / "site"  # the wheel alone, beside the runtime's own packages
     unpacked = run([runtime_like, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
