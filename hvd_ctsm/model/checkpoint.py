@@ -55,6 +55,10 @@ def save_state(path: Path, state: dict) -> str:
     torch.save(state, buffer)
     data = buffer.getvalue()
     digest = hashlib.sha256(data).hexdigest()
+    # The pair goes into place one rename at a time. Dropping a replaced file's checksum first
+    # means a crash in between leaves a whole file without one (loaded unverified: renames are
+    # atomic), never a checksum of the file it replaced beside the new one.
+    Path(f"{path}.sha256").unlink(missing_ok=True)
     atomic_write_bytes(Path(path), data)
     atomic_write_bytes(Path(f"{path}.sha256"), f"{digest}  {Path(path).name}\n".encode())
     return digest
@@ -115,8 +119,9 @@ class CheckpointManager:
         tmp = dst.with_name(f".{dst.name}.tmp")
         shutil.copyfile(src, tmp)
         shutil.copyfile(f"{src}.sha256", f"{tmp}.sha256")
-        os.replace(f"{tmp}.sha256", f"{dst}.sha256")
+        Path(f"{dst}.sha256").unlink(missing_ok=True)  # as in save_state: never a stale checksum
         os.replace(tmp, dst)
+        os.replace(f"{tmp}.sha256", f"{dst}.sha256")
         fsync_dir(dst.parent)
 
     def load_latest(self) -> dict | None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from hvd_ctsm.config import ModelConfig, TrainConfig
+from hvd_ctsm.model import checkpoint
 from hvd_ctsm.model.checkpoint import CheckpointManager, load_state, save_state
 from hvd_ctsm.model.ctsm import CTSM, ModelSizes
 from hvd_ctsm.train.run_folder import check_warm_start_matches
@@ -30,6 +31,43 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog
     path.write_bytes(path.read_bytes()[:20])  # truncated
     assert manager.load_latest()["step"] == 1
     assert "skipping damaged checkpoint" in caplog.text
+
+
+def dies_at(call: int, real):
+    """`real`, except that its call-th call is a kill: it raises and nothing after it runs."""
+    calls = []
+
+    def wrapper(*args):
+        calls.append(args)
+        if len(calls) == call:
+            raise KeyboardInterrupt("killed")
+        return real(*args)
+    return wrapper
+
+
+# A file and its checksum go into place one rename after the other. Dying at either while a
+# checkpoint is rewritten (a restarted run's step, best.pt) must leave the old or the new one,
+# whole and loadable, never a checksum of another file beside it.
+@pytest.mark.parametrize("crash_at", [1, 2])
+def test_a_kill_while_a_step_is_rewritten_leaves_one_that_loads(tmp_path, monkeypatch, crash_at):
+    manager = CheckpointManager(tmp_path, keep=2)
+    manager.save({"w": torch.zeros(3)}, 1)
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes",
+                        dies_at(crash_at, checkpoint.atomic_write_bytes))
+    with pytest.raises(KeyboardInterrupt):
+        manager.save({"w": torch.ones(3)}, 1)
+    assert load_state(manager.path_for(1))["w"].tolist() in ([0.0] * 3, [1.0] * 3)
+
+
+@pytest.mark.parametrize("crash_at", [1, 2])
+def test_a_kill_while_best_is_replaced_leaves_one_that_loads(tmp_path, monkeypatch, crash_at):
+    manager = CheckpointManager(tmp_path, keep=2)
+    manager.save({"w": torch.zeros(3)}, 1, is_best=True)
+    manager.save({"w": torch.ones(3)}, 2)
+    monkeypatch.setattr(checkpoint.os, "replace", dies_at(crash_at, checkpoint.os.replace))
+    with pytest.raises(KeyboardInterrupt):
+        manager._copy_atomic(manager.path_for(2), tmp_path / "best.pt")
+    assert load_state(tmp_path / "best.pt")["w"].tolist() in ([0.0] * 3, [1.0] * 3)
 
 
 def test_warm_start_keeps_old_rows_of_a_grown_vocabulary(tmp_path):
