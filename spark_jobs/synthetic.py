@@ -53,6 +53,9 @@ class SyntheticParams:
     # `items` items at any size; 0: only the items the popularity draws reach (the default:
     # about 120k distinct of items=300000 at 10^6 events).
     cover: int = 0
+    # 1: every event is a purchase (a shop's order lines: no views, no ratings), drawn exactly
+    # as before otherwise, so the sequences are the same with or without it.
+    purchases_only: int = 0
 
     def __post_init__(self):
         if self.clients < 1 or self.items < 1:
@@ -207,6 +210,8 @@ def generate_events_part(params: SyntheticParams, part: int, catalog=None) -> pd
     cum = np.cumsum(gap)
     timestamp = starts[ev_client] + cum - cum[np.flatnonzero(is_first)][ev_client]
     etype = _event_types(rng, in_taste[ev_run], ev_in_run > 0)
+    if params.purchases_only:
+        etype[:] = 1
     mean = RATING_MEAN + RATING_IN_TASTE * in_taste[ev_run]
     rating = np.clip(np.rint(rng.normal(mean, 1.0)), 1, 5)
     value = np.select([etype == 1, etype == 2], [1.0, rating], 0.0)

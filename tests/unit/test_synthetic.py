@@ -103,3 +103,13 @@ def test_cover_puts_every_item_of_any_catalog_in_some_event():
                                   generate_events_part(covered_params, 1))
     with pytest.raises(ValueError, match="cover=1 needs events"):
         SyntheticParams.parse("clients=10,items=4000,events=5000,cover=1")
+
+
+def test_purchases_only_keeps_the_sequences_and_makes_every_event_a_purchase():
+    spec = "clients=200,items=300,events=1800,seed=4"
+    mixed = generate_events_part(SyntheticParams.parse(spec), 0)
+    bought = generate_events_part(SyntheticParams.parse(spec + ",purchases_only=1"), 0)
+    assert (mixed["event_type"] != "purchase").sum() > 100
+    assert set(bought["event_type"]) == {"purchase"} and set(bought["value"]) == {1.0}
+    columns = ["client_id", "item_id", "timestamp"]
+    pd.testing.assert_frame_equal(mixed[columns], bought[columns])
