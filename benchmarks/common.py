@@ -23,6 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 ML100K = REPO.parent / "shared" / "data" / "ml-100k"
 SYNTHETIC = "synthetic:clients=1200,items=300,events=60000,seed=7"  # the benchmarks' synthetic set
+# Short histories over a large sparse catalog, purchases only (issue 44's stand-in shape)
+SHORT_HISTORIES = ("synthetic:clients=8000,items=10000,events=72000,seed=5,cover=1,"
+                   "purchases_only=1")
 # Benchmark runs are thrown away: no MLflow run for them. Setting up a fresh MLflow store took
 # 4-6 s of every short run, which is not what any benchmark measures.
 NO_TRACKING = "tracking.enabled=false"

@@ -35,12 +35,13 @@ VOLATILE = {"out", "seed", "progress", "keep_checkpoints", "log_every_steps", "c
             "tracking", "debug"}
 
 
-def config_fingerprint(trainer_args: list[str]) -> str:
-    """A cell's identity: its resolved config (today's defaults filled in), less VOLATILE."""
+def config_fingerprint(trainer_args: list[str], items: int | None = None) -> str:
+    """A cell's identity: its resolved config (today's defaults filled in), less VOLATILE;
+    `items`, the catalog size where known, resolves model.loss=auto (_fingerprint)."""
     from hvd_ctsm.config import config_from_argv, to_dict
 
     cfg, _ = config_from_argv(["--data", "_", *trainer_args])
-    return _fingerprint(to_dict(cfg))
+    return _fingerprint(to_dict(cfg), items)
 
 
 def saved_config(run_folder: Path) -> dict | None:
@@ -57,7 +58,7 @@ def saved_config(run_folder: Path) -> dict | None:
     return config
 
 
-def record_fingerprint(record: dict) -> str | None:
+def record_fingerprint(record: dict, items: int | None = None) -> str | None:
     """The fingerprint of a logged trial's config read through today's config classes, so that
     settings added since do not tell apart trials that trained the same model; None
     when the record has no config or today's classes refuse it (a setting was removed)."""
@@ -71,14 +72,22 @@ def record_fingerprint(record: dict) -> str | None:
     config = dict(record["config"])
     config["model"] = LEGACY_ARCH | config.get("model", {})
     try:
-        return _fingerprint(to_dict(from_dict(TrainConfig, config)))
+        return _fingerprint(to_dict(from_dict(TrainConfig, config)), items)
     except (ConfigError, TypeError, ValueError):
         return None
 
 
-def _fingerprint(values: dict) -> str:
+def _fingerprint(values: dict, items: int | None = None) -> str:
+    from hvd_ctsm.model.heads import resolve_loss
+
     values = {k: v for k, v in values.items() if k not in VOLATILE}
     values["data"] = {k: v for k, v in values["data"].items() if k != "path"}
+    if items is not None:
+        # 'auto' counts as the loss it picks on that catalog: trials logged with 'full' before
+        # 'auto' existed (or after, by name) trained the same model where it picks 'full'.
+        model = values["model"] = dict(values["model"])
+        model["loss"] = resolve_loss(model["loss"], items, model["future_targets"],
+                                     model["uniform_bce_weight"])
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -2,18 +2,20 @@
 
     python benchmarks/quality_report.py --ml100k DIR --run      # train every missing cell, report
     python benchmarks/quality_report.py                          # the report from the log only
+    python benchmarks/quality_report.py --run --only short       # one dataset's missing cells
     python benchmarks/quality_report.py --quick --out DIR        # smoke run: tiny data, one seed
 
-A full run trains up to 18 cells of 10-30 minutes each on 2 cores (hours): cells already in the
+A full run trains up to 24 cells of 10-30 minutes each on 2 cores (hours): cells already in the
 log are reused, so it can be stopped and started again.
 
-Cells: {ML-100K with input-order ties, ML-100K with strict ties, the synthetic set} x {CTSM with
-no overrides, `--config sasrec`} x seeds 0, 1, 2, each trained under `horovodrun -np 2` by
-model_search.run_trial and backtested on the test split (the saved model is the best validated
-one). A logged trial counts for a cell when its resolved trainer config, read back through
-today's config classes, equals the cell's (so results survive added settings whose defaults
-keep the old behaviour, and never count after a default changed); trials go to the model
-search's log (results/model_search.jsonl), so its trials of the same settings count too.
+Cells: {ML-100K with input-order ties, ML-100K with strict ties, the synthetic set, short
+purchase histories (synthetic)} x {CTSM with no overrides, `--config sasrec`} x seeds 0, 1, 2,
+each trained under `horovodrun -np 2` by model_search.run_trial and backtested on the test split
+(the saved model is the best validated one). A logged trial counts for a cell when its
+resolved trainer config, read back through today's config classes, equals the cell's (so results
+survive added settings whose defaults keep the old behaviour, and never count after a default
+changed); trials go to the model search's log (results/model_search.jsonl), so its trials of the
+same settings count too.
 The report gives, per cell, the median and [min-max] over seeds of full and sampled
 NDCG@10/HR@10 and the train minutes, with popularity beside them, and the seeds it has.
 """
@@ -29,8 +31,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import model_search  # noqa: E402
-from benchmarks.common import (ML100K, RESULTS, SYNTHETIC, machine, run, spread,  # noqa: E402
-                               work_folder)
+from benchmarks.common import (ML100K, RESULTS, SHORT_HISTORIES, SYNTHETIC, machine,  # noqa: E402
+                               run, spread, work_folder)
 
 DATASETS = {  # name: (source with {ml100k}, feature job options)
     "ml-input-order": ("movielens:{ml100k}", ["--ties", "input-order"]),
@@ -38,7 +40,12 @@ DATASETS = {  # name: (source with {ml100k}, feature job options)
     # "synth2": the sale label since it depends more strongly on taste and series (P_PURCHASE_* in
     # spark_jobs.synthetic); the log's "synth" trials trained on the earlier label.
     "synth2": (SYNTHETIC, []),
+    # Issue 44's stand-in for a shop's purchase log: about 9 events a client, a 10k-item catalog
+    # every item of which appears (a long sparse tail), purchases only (no ratings to label).
+    "short": (SHORT_HISTORIES, []),
 }
+# Catalog sizes (at most), which resolve model.loss=auto when cells and logged trials are compared
+CATALOG_ITEMS = {"ml-input-order": 1682, "ml-strict": 1682, "synth2": 300, "short": 10_000}
 MODELS = {"ctsm": [], "sasrec": ["--config", "sasrec"]}
 COMMON = ["dist.threads_per_rank=1"]  # two ranks on two cores: one thread each
 SEEDS, RANKS = (0, 1, 2), 2
@@ -52,13 +59,17 @@ def cell_args(model: str, extra: list[str]) -> list[str]:
     return [*MODELS[model], *COMMON, *extra]
 
 
+def cell_fingerprint(data: str, args: list[str]) -> str:
+    return model_search.config_fingerprint(args, CATALOG_ITEMS.get(data))
+
+
 def matching(records: list[dict], data: str, fingerprint: str, seeds) -> dict[int, dict]:
     """The newest logged trial per seed of `seeds` for (data, fingerprint) at RANKS ranks
     (other seeds logged for other purposes stay out of the report)."""
     found = {}
     for r in records:
         if (r["data"] == data and r["ranks"] == RANKS and r["seed"] in seeds
-                and model_search.record_fingerprint(r) == fingerprint):
+                and model_search.record_fingerprint(r, CATALOG_ITEMS.get(data)) == fingerprint):
             found[r["seed"]] = r
     return found
 
@@ -81,7 +92,7 @@ def run_missing(datasets: dict, extra: list[str], seeds, root: Path, ml100k: Pat
         path = build_dataset(data, source, options, root / "features", ml100k)
         for model in MODELS:
             args = cell_args(model, extra)
-            have = matching(read_log(log), data, model_search.config_fingerprint(args), seeds)
+            have = matching(read_log(log), data, cell_fingerprint(data, args), seeds)
             for seed in (s for s in seeds if s not in have):
                 print(f"[quality] {data} {model} seed {seed} ...", flush=True)
                 record = model_search.run_trial(path, root / "runs", f"{data}-{model}", args,
@@ -104,7 +115,7 @@ def report(records: list[dict], datasets: dict, extra: list[str], seeds) -> str:
     for data in datasets:
         popularity = None
         for model in MODELS:
-            fingerprint = model_search.config_fingerprint(cell_args(model, extra))
+            fingerprint = cell_fingerprint(data, cell_args(model, extra))
             rs = list(matching(records, data, fingerprint, seeds).values())
             if not rs:
                 lines.append(f"| {data} | {model} | 0 of {len(seeds)} | not measured"
@@ -140,19 +151,29 @@ def main(argv=None) -> int:
     p.add_argument("--data", type=Path, help="with --quick: an existing tiny dataset to use")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--work", type=Path, default=Path("runs/quality"))
+    p.add_argument("--only", help="with --run: these datasets only (comma-separated names of "
+                   f"{', '.join(DATASETS)}); the report still shows every one")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     datasets, extra, seeds = DATASETS, [], SEEDS
+    to_run = datasets
     if args.quick:
         datasets, extra, seeds = QUICK["datasets"], QUICK["overrides"], QUICK["seeds"]
         if args.data:
             datasets = {args.data.name: (str(args.data), None)}
+        to_run = datasets
+    elif args.only:
+        names = args.only.split(",")
+        if set(names) - set(DATASETS):
+            p.error(f"--only: unknown {sorted(set(names) - set(DATASETS))}; "
+                    f"known: {', '.join(DATASETS)}")
+        to_run = {name: DATASETS[name] for name in names}
     # Every trial goes to the model search's log: its trials count here when their configs match.
     log = args.out / "quality_report_quick.jsonl" if args.quick else model_search.LOG
     if args.run or args.quick:
         with work_folder(prefix="bench-quality-") as tmp:
             work = Path(tmp) if args.quick else args.work
-            run_missing(datasets, extra, seeds, work, args.ml100k, log)
+            run_missing(to_run, extra, seeds, work, args.ml100k, log)
     text = report(read_log(log), datasets, extra, seeds)
     (args.out / ("quality_report_quick.md" if args.quick else "quality_report.md")).write_text(text)
     print(text)

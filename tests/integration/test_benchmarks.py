@@ -228,6 +228,19 @@ def test_a_baseline_trial_logged_before_attention_dropout_existed_still_counts_f
         ["--config", "sasrec", "model.attention_dropout=0"])
 
 
+def test_a_trial_logged_with_the_full_loss_counts_for_auto_where_auto_picks_it():
+    from hvd_ctsm.config import load_config, to_dict
+    from hvd_ctsm.model.heads import EXACT_MAX_ITEMS
+
+    full = {"config": to_dict(load_config(None, ["data.path=x", "model.loss=full"]))}
+    assert model_search.record_fingerprint(full, items=1682) == model_search.config_fingerprint(
+        [], items=1682)
+    big = EXACT_MAX_ITEMS + 1
+    assert model_search.record_fingerprint(full, items=big) != model_search.config_fingerprint(
+        [], items=big)
+    assert model_search.record_fingerprint(full) != model_search.config_fingerprint([])
+
+
 def test_a_failed_benchmark_keeps_its_work_folder_for_the_logs(capsys):
     from benchmarks.common import work_folder
 
@@ -244,6 +257,6 @@ def test_a_failed_benchmark_keeps_its_work_folder_for_the_logs(capsys):
 
 def test_the_quality_report_keeps_to_the_seeds_it_reports(monkeypatch):
     # Every record matches the cell's config here; only the seed may leave one out.
-    monkeypatch.setattr(model_search, "record_fingerprint", lambda record: "cell")
+    monkeypatch.setattr(model_search, "record_fingerprint", lambda record, items=None: "cell")
     logged = [{"data": "d", "ranks": quality_report.RANKS, "seed": seed} for seed in (0, 1, 3)]
     assert sorted(quality_report.matching(logged, "d", "cell", (0, 1, 2))) == [0, 1]
