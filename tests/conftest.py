@@ -31,6 +31,14 @@ REPO = Path(__file__).resolve().parents[1]
 HEAVY_MARKERS = {"spark", "horovod", "slow"}
 HEAVY_FIXTURES = {"spark", "tiny_features", "ml100k"}
 CLASSIC_ONLY = {"horovod": "Horovod", "petastorm": "Petastorm"}  # marker -> the part it needs
+# The suite's Spark JVMs live seconds to minutes: C1 alone and the serial collector spend far
+# less CPU compiling and collecting than the JVM's server defaults. Side by side here, the
+# feature job took 37-42 s of CPU instead of 57-63 on tiny data, 48 instead of 70 on ML-100K and
+# 69 instead of 117 on 420k events (200k items). For every Spark driver the tests start
+# (spark-submit reads SPARK_SUBMIT_OPTS, PySpark's gateway too) and the standalone daemons.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", TEST_JVM_OPTIONS)
 
 
 def pytest_addoption(parser):
