@@ -208,6 +208,7 @@ run_tests() {
             return 1
         fi
         trap - EXIT
+        echo "[run.sh] test: the current stack's setup, run meanwhile:"
         cat "$log"
         "${stack[@]}" HVD_CTSM_STACK=current "$REPO/run.sh" test
         echo "[run.sh] test: both stacks passed in $((SECONDS - start)) s"
