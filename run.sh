@@ -189,6 +189,7 @@ run_tests() {
         local stack=(env -u VENV -u HVD_CTSM_CONSTRAINTS -u HVD_CTSM_BACKENDS)
         echo "[run.sh] test: the classic stack (every tier), then the current stack (the unit" \
             "tier and the tests marked both_stacks)"
+        # The classic setup first and alone: both setups write the same cache's logs.
         "${stack[@]}" HVD_CTSM_STACK=classic "$REPO/run.sh" setup --if-stale
         # The current stack's setup (pip, bytecode: 1-2 minutes) runs beside the classic tests
         # at the lowest CPU priority, on the idle time they leave (about a tenth of 2 cores).

@@ -44,8 +44,7 @@ DATASETS = {  # name: (source with {ml100k}, feature job options)
     # every item of which appears (a long sparse tail), purchases only (no ratings to label).
     "short": (SHORT_HISTORIES, []),
 }
-# Catalog sizes (at most), which resolve model.loss=auto when cells and logged trials are compared
-CATALOG_ITEMS = {"ml-input-order": 1682, "ml-strict": 1682, "synth2": 300, "short": 10_000}
+ML100K_ITEMS = 1682  # MovieLens 100K's catalog (its README)
 MODELS = {"ctsm": [], "sasrec": ["--config", "sasrec"]}
 COMMON = ["dist.threads_per_rank=1"]  # two ranks on two cores: one thread each
 SEEDS, RANKS = (0, 1, 2), 2
@@ -59,8 +58,21 @@ def cell_args(model: str, extra: list[str]) -> list[str]:
     return [*MODELS[model], *COMMON, *extra]
 
 
+def catalog_items(data: str) -> int | None:
+    """A dataset's catalog size (at most), read from its source: it resolves model.loss=auto
+    when cells and logged trials are compared. None for a dataset not in DATASETS."""
+    from spark_jobs.synthetic import SyntheticParams
+
+    source = DATASETS.get(data, ("",))[0]
+    if source.startswith("movielens:"):
+        return ML100K_ITEMS
+    if source.startswith("synthetic:"):
+        return SyntheticParams.parse(source.partition(":")[2]).items
+    return None
+
+
 def cell_fingerprint(data: str, args: list[str]) -> str:
-    return model_search.config_fingerprint(args, CATALOG_ITEMS.get(data))
+    return model_search.config_fingerprint(args, catalog_items(data))
 
 
 def matching(records: list[dict], data: str, fingerprint: str, seeds) -> dict[int, dict]:
@@ -69,7 +81,7 @@ def matching(records: list[dict], data: str, fingerprint: str, seeds) -> dict[in
     found = {}
     for r in records:
         if (r["data"] == data and r["ranks"] == RANKS and r["seed"] in seeds
-                and model_search.record_fingerprint(r, CATALOG_ITEMS.get(data)) == fingerprint):
+                and model_search.record_fingerprint(r, catalog_items(data)) == fingerprint):
             found[r["seed"]] = r
     return found
 

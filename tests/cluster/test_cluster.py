@@ -140,7 +140,8 @@ def test_run_sh_pipeline_with_two_training_tasks_then_scoring_on_the_cluster(clu
              "DATA": "synthetic:clients=80,items=60,events=2000,seed=3",
              "GATE": "sampled.hr@10>=0", "CONFIG": "default", "VENV": sys.prefix,
              "SPARK_SUBMIT_ARGS": "--executor-memory 1g --conf spark.ui.enabled=false "
-             "--conf spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1"}  # as conftest's
+             # conftest's TEST_JVM_OPTIONS, less the collector: run.sh splits this on spaces
+             "--conf spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1"}
     app, out = run_on_cluster(cluster, [
         "bash", str(REPO / "run.sh"), "pipeline-spark", "--row-groups", "4", "--max-len", "10",
         *TINY_TRAINING], env=knobs)
