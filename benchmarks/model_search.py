@@ -5,10 +5,15 @@
 
 A trial is a name and trainer overrides separated by spaces (`gated=model.block=gated epochs=40`),
 optionally run on several ranks (`--ranks 2`) and seeds (`--seeds 0,1,2`). Every trial appends one
-JSON line per (trial, seed) to results/model_search.jsonl: the validation curve (NDCG@10 per
-validated epoch), the best validation epoch and metrics, wall time per epoch, and the test metrics
-of the saved model (the best validated one). Settings are chosen on the validation columns only;
-the test columns are what a chosen setting then reports.
+JSON line per (trial, seed) to results/model_search.jsonl (or `--log`): the validation curve
+(NDCG@10 per validated epoch), the best validation epoch and metrics, wall time per epoch, and the
+test metrics of the saved model (the best validated one). Settings are chosen on the validation
+columns only; the test columns are what a chosen setting then reports.
+
+Trials run under horovodrun by default, or under torchrun (`--launcher torchrun`, where Horovod
+is missing: a GPU machine); `--jobs N` runs N trials at once (on one GPU, whose small steps leave
+it mostly idle), and `--timeout S` stops a trial after S seconds and still backtests the model it
+kept so far (the record says `stopped`).
 """
 
 from __future__ import annotations
@@ -16,15 +21,21 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shlex
+import signal
+import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import NO_TRACKING, RESULTS, horovodrun, machine, run, spread  # noqa: E402
+from benchmarks.common import (NO_TRACKING, REPO, RESULTS, env, horovodrun, machine,  # noqa: E402
+                               spread)
 
 LOG = RESULTS / "model_search.jsonl"
 TABLE = RESULTS / "model_search.md"
@@ -55,6 +66,7 @@ def saved_config(run_folder: Path) -> dict | None:
         return None
     config = yaml.safe_load(saved.read_text())
     config["data"]["path"] = Path(config["data"]["path"]).name
+    config["out"] = Path(config["out"]).name
     return config
 
 
@@ -92,29 +104,69 @@ def _fingerprint(values: dict, items: int | None = None) -> str:
 
 
 def validation_curve(out: Path) -> list[dict]:
+    if not (out / "metrics.jsonl").exists():
+        return []
     lines = (out / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: int,
-              seed: int, data_name: str | None = None) -> dict:
-    from hvd_ctsm.evaluation.backtest import run_backtest
+def launch(launcher: str, ranks: int, args: list[str]) -> list[str]:
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(ranks), *args]
+    return horovodrun(ranks, args)
 
+
+def run_until(cmd: list[str], log: Path, timeout: float) -> tuple[float, bool]:
+    """Run `cmd` (its output to `log`) in its own process group; after `timeout` seconds stop the
+    whole group (a launcher's workers with it). Returns (wall seconds, whether it was stopped);
+    a failure raises with the log's tail."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env(),
+                                cwd=REPO, start_new_session=True)
+        try:
+            code, stopped = proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            code, stopped = 0, True
+    if code != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])}... exited {code} (log: {log}):\n"
+                           f"{log.read_text()[-3000:]}")
+    return time.perf_counter() - t0, stopped
+
+
+def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: int,
+              seed: int, data_name: str | None = None, launcher: str = "horovodrun",
+              timeout: float = 7200) -> dict:
     out = work / f"{name}-s{seed}"
     args = ["-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out), "--overwrite",
             "progress=false", "keep_checkpoints=1", f"seed={seed}", NO_TRACKING, *overrides]
-    seconds = run(horovodrun(ranks, args), work / f"{name}-s{seed}.log", timeout=7200)
-    summary = json.loads((out / "train_summary.json").read_text())
+    seconds, stopped = run_until(launch(launcher, ranks, args), work / f"{name}-s{seed}.log",
+                                 timeout)
+    summary_file = out / "train_summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     curve = validation_curve(out)
+    if not curve:
+        when = f"stopped after {timeout:.0f} s" if stopped else "ended"
+        raise RuntimeError(f"{when} before its first validation: nothing to backtest")
+    if stopped:
+        model_from_checkpoint(out, data)
     best = max(curve, key=lambda r: r["full"]["ndcg@10"])
-    report = run_backtest(str(data), str(out / "model.pt"), split="test", seed=0)
+    report = backtest(data, out, work / f"{name}-s{seed}-backtest.log")
     epochs = curve[-1]["epoch"]
-    return {
+    record = {
         "trial": name, "seed": seed, "ranks": ranks, "overrides": overrides,
         "config": saved_config(out),
         "data": data_name or data.name, "epochs_run": epochs, "seconds": round(seconds, 1),
         "seconds_per_epoch": round(seconds / max(epochs, 1), 2),
-        "best_epoch": best["epoch"], "model_epoch": summary.get("model_epoch"),
+        "best_epoch": best["epoch"], "model_epoch": summary.get("model_epoch", best["epoch"]),
         "val": {"ndcg@10": best["full"]["ndcg@10"], "hr@10": best["full"]["hr@10"],
                 "sampled_ndcg@10": best["sampled"]["ndcg@10"],
                 "sale_auc": best.get("sale", {}).get("auc")},
@@ -129,8 +181,52 @@ def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: in
                  "popularity_sampled_ndcg@10": report["popularity"]["sampled"]["ndcg@10"],
                  "popularity_sale_auc": report["popularity"].get("sale", {}).get("auc")},
         "when": time.strftime("%Y-%m-%d %H:%M"),
-        "machine": f"{machine().get('cpu', '?')}, {machine().get('cores', '?')} cores",
+        "machine": machine_label(),
     }
+    if launcher != "horovodrun":
+        record["launcher"] = launcher
+    if stopped:  # the model kept is the best validated one before the stop
+        record["stopped"] = f"after {timeout:.0f} s, at epoch {epochs}"
+    return record
+
+
+def model_from_checkpoint(run_folder: Path, data: Path) -> None:
+    """A stopped trial's model.pt: its best validated checkpoint's weights, saved as the trainer
+    saves the model it keeps (Trainer.finish), so that the real backtest reads it."""
+    from dataclasses import asdict
+
+    from hvd_ctsm.config import TrainConfig, from_dict
+    from hvd_ctsm.data.dataset import Dataset
+    from hvd_ctsm.model.checkpoint import load_state, save_state
+    from hvd_ctsm.train.support import build_model_sizes
+
+    state = load_state(run_folder / "checkpoints" / "best.pt")
+    cfg = from_dict(TrainConfig, state["config"])
+    sizes = build_model_sizes(Dataset.open(str(data)), cfg.model.item_category,
+                              cfg.model.item_tags)
+    averaged = state.get("weight_average")
+    save_state(run_folder / "model.pt", {
+        "model": averaged["weights"] if averaged else state["model"], "sizes": asdict(sizes),
+        "config": state["config"], "vocab_sha256": state["vocab_sha256"]})
+
+
+def backtest(data: Path, run_folder: Path, log: Path) -> dict:
+    """The test-split backtest of a run's kept model (the real CLI), as its JSON report."""
+    report = run_folder / "test_report.json"
+    cmd = [sys.executable, "-m", "hvd_ctsm", "backtest", "--data", str(data), "--model",
+           str(run_folder), "--report", str(report), "--seed", "0"]
+    run_until(cmd, log, timeout=3600)
+    return json.loads(report.read_text())
+
+
+def machine_label() -> str:
+    """The CPU and cores, and the GPU where the trainer would use one."""
+    label = f"{machine().get('cpu', '?')}, {machine().get('cores', '?')} cores"
+    import torch
+
+    if torch.cuda.is_available():
+        label += f", {torch.cuda.get_device_name(0)}"
+    return label
 
 
 def render(records: list[dict]) -> str:
@@ -194,20 +290,40 @@ def main(argv=None) -> int:
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--seeds", default="0")
     p.add_argument("--work", type=Path, default=Path("runs/model-search"))
+    p.add_argument("--launcher", choices=("horovodrun", "torchrun"), default="horovodrun")
+    p.add_argument("--jobs", type=int, default=1, help="trials run at once (default 1)")
+    p.add_argument("--timeout", type=float, default=7200.0,
+                   help="seconds a trial may train before it is stopped (its kept model is "
+                        "still backtested)")
+    p.add_argument("--log", type=Path, default=LOG, help="the JSON-lines log trials append to")
     p.add_argument("--table", action="store_true", help="only render the table from the log")
     args = p.parse_args(argv)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    for text in args.trial:
-        name, overrides = parse_trial(text)
-        for seed in (int(s) for s in args.seeds.split(",")):
+    args.log.parent.mkdir(parents=True, exist_ok=True)
+    cells = [(*parse_trial(text), int(seed)) for text in args.trial
+             for seed in args.seeds.split(",")]
+    lock, failed = threading.Lock(), []
+
+    def one(cell: tuple[str, list[str], int]) -> None:
+        name, overrides, seed = cell
+        try:
             record = run_trial(args.data, args.work, name, overrides, args.ranks, seed,
-                               args.data_name)
-            with open(LOG, "a") as f:
-                f.write(json.dumps(record) + "\n")
-            print(json.dumps({k: record[k] for k in ("trial", "seed", "val", "test")}), flush=True)
-    records = [json.loads(line) for line in LOG.read_text().splitlines()] if LOG.exists() else []
-    TABLE.write_text(render(records))
-    return 0
+                               args.data_name, args.launcher, args.timeout)
+        except Exception as exc:  # one failed trial leaves the others' records
+            print(f"[model search] {name} seed {seed} failed: {exc}", file=sys.stderr,
+                  flush=True)
+            failed.append((name, seed))
+            return
+        with lock, open(args.log, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(json.dumps({k: record[k] for k in ("trial", "seed", "val", "test")}), flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+        list(pool.map(one, cells))
+    if args.log == LOG:
+        records = [json.loads(line) for line in LOG.read_text().splitlines()] if LOG.exists() \
+            else []
+        TABLE.write_text(render(records))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

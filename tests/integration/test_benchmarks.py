@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -260,3 +263,42 @@ def test_the_quality_report_keeps_to_the_seeds_it_reports(monkeypatch):
     monkeypatch.setattr(model_search, "record_fingerprint", lambda record, items=None: "cell")
     logged = [{"data": "d", "ranks": quality_report.RANKS, "seed": seed} for seed in (0, 1, 3)]
     assert sorted(quality_report.matching(logged, "d", "cell", (0, 1, 2))) == [0, 1]
+
+
+def test_model_search_runs_trials_at_once_under_torchrun(tiny_features, tmp_path):
+    """Two trials at once under torchrun (as on a GPU machine without Horovod), each logged with
+    its launcher; the model a stopped trial would be backtested with (its best checkpoint) is
+    the model the trainer keeps."""
+    log, work = tmp_path / "search.jsonl", tmp_path / "work"
+    assert model_search.main(["--data", str(tiny_features), "--launcher", "torchrun",
+                              "--jobs", "2", "--seeds", "0,1", "--trial", "t=epochs=2",
+                              "--log", str(log), "--work", str(work)]) == 0
+    records = [json.loads(line) for line in log.open()]
+    assert sorted(r["seed"] for r in records) == [0, 1]
+    assert all(r["launcher"] == "torchrun" and "stopped" not in r for r in records)
+    assert {r["config"]["out"] for r in records} == {"t-s0", "t-s1"}  # no machine's paths
+    import torch
+
+    kept = work / "t-s0" / "model.pt"
+    trained = torch.load(kept, weights_only=False)
+    kept.unlink()
+    model_search.model_from_checkpoint(work / "t-s0", tiny_features)
+    rebuilt = torch.load(kept, weights_only=False)
+    assert rebuilt["sizes"] == trained["sizes"] and rebuilt["config"] == trained["config"]
+    assert all(torch.equal(rebuilt["model"][k], v) for k, v in trained["model"].items())
+
+
+def test_a_trial_stopped_for_time_is_stopped_with_its_launchers_workers(tmp_path):
+    started = tmp_path / "child.pid"
+    child = f"import subprocess, time; p = subprocess.Popen(['sleep', '60']); " \
+            f"open('{started}', 'w').write(str(p.pid)); time.sleep(60)"
+    seconds, stopped = model_search.run_until([sys.executable, "-c", child],
+                                              tmp_path / "run.log", timeout=3)
+    assert stopped and seconds < 40
+    stat = Path(f"/proc/{started.read_text()}/stat")
+    for _ in range(50):  # the launcher's child went with it (gone, or a zombie nobody reaped)
+        if not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the launcher's child outlived the stop")
