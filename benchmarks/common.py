@@ -26,6 +26,9 @@ SYNTHETIC = "synthetic:clients=1200,items=300,events=60000,seed=7"  # the benchm
 # Short histories over a large sparse catalog, purchases only (issue 44's stand-in shape)
 SHORT_HISTORIES = ("synthetic:clients=8000,items=10000,events=72000,seed=5,cover=1,"
                    "purchases_only=1")
+# The same with weaker sequences: series runs end sooner and tastes drift more often, so the
+# next item is harder to tell from the last one (the defaults' p_continue=0.65, p_drift=0.05)
+SHORT_HARD = SHORT_HISTORIES + ",p_continue=0.4,p_drift=0.15"
 # Benchmark runs are thrown away: no MLflow run for them. Setting up a fresh MLflow store took
 # 4-6 s of every short run, which is not what any benchmark measures.
 NO_TRACKING = "tracking.enabled=false"

@@ -5,17 +5,17 @@
     python benchmarks/quality_report.py --run --only short       # one dataset's missing cells
     python benchmarks/quality_report.py --quick --out DIR        # smoke run: tiny data, one seed
 
-A full run trains up to 24 cells of 10-30 minutes each on 2 cores (hours): cells already in the
+A full run trains up to 30 cells of 10-30 minutes each on 2 cores (hours): cells already in the
 log are reused, so it can be stopped and started again.
 
-Cells: {ML-100K with input-order ties, ML-100K with strict ties, the synthetic set, short
-purchase histories (synthetic)} x {CTSM with no overrides, `--config sasrec`} x seeds 0, 1, 2,
-each trained under `horovodrun -np 2` by model_search.run_trial and backtested on the test split
-(the saved model is the best validated one). A logged trial counts for a cell when its
-resolved trainer config, read back through today's config classes, equals the cell's (so results
-survive added settings whose defaults keep the old behaviour, and never count after a default
-changed); trials go to the model search's log (results/model_search.jsonl), so its trials of the
-same settings count too.
+Cells: {ML-100K with input-order ties, ML-100K with strict ties, the synthetic set, short purchase
+histories (synthetic), the same with weaker sequences} x {CTSM with no overrides, `--config
+sasrec`} x seeds 0, 1, 2, each trained under `horovodrun -np 2` by model_search.run_trial and
+backtested on the test split (the saved model is the best validated one). A logged trial counts for
+a cell when its resolved trainer config, read back through today's config classes, equals the
+cell's (so results survive added settings whose defaults keep the old behaviour, and never count
+after a default changed); trials go to the model search's log (results/model_search.jsonl), so its
+trials of the same settings count too.
 The report gives, per cell, the median and [min-max] over seeds of full and sampled
 NDCG@10/HR@10 and the train minutes, with popularity beside them, and the seeds it has.
 """
@@ -31,8 +31,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import model_search  # noqa: E402
-from benchmarks.common import (ML100K, RESULTS, SHORT_HISTORIES, SYNTHETIC, machine,  # noqa: E402
-                               run, spread, work_folder)
+from benchmarks.common import (ML100K, RESULTS, SHORT_HARD, SHORT_HISTORIES,  # noqa: E402
+                               SYNTHETIC, machine, run, spread, work_folder)
 
 DATASETS = {  # name: (source with {ml100k}, feature job options)
     "ml-input-order": ("movielens:{ml100k}", ["--ties", "input-order"]),
@@ -43,6 +43,7 @@ DATASETS = {  # name: (source with {ml100k}, feature job options)
     # Issue 44's stand-in for a shop's purchase log: about 9 events a client, a 10k-item catalog
     # every item of which appears (a long sparse tail), purchases only (no ratings to label).
     "short": (SHORT_HISTORIES, []),
+    "short-hard": (SHORT_HARD, []),  # the same, with weaker sequences
 }
 ML100K_ITEMS = 1682  # MovieLens 100K's catalog (its README)
 MODELS = {"ctsm": [], "sasrec": ["--config", "sasrec"]}
