@@ -17,7 +17,8 @@ cell's (so results survive added settings whose defaults keep the old behaviour,
 after a default changed); trials go to the model search's log (results/model_search.jsonl), so its
 trials of the same settings count too.
 The report gives, per cell, the median and [min-max] over seeds of full and sampled
-NDCG@10/HR@10 and the train minutes, with popularity beside them, and the seeds it has.
+NDCG@10/HR@10, the train minutes, and the time to quality (the kept epoch and the minutes to
+it), with popularity beside them, and the seeds it has.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def report(records: list[dict], datasets: dict, extra: list[str], seeds) -> str:
              "epoch's. Median [min-max] over the seeds measured; a cell with fewer than "
              f"{len(seeds)} seeds says so. Machine: {machine().get('cpu', '?')}.", "",
              "| data | model | seeds | full NDCG@10 | full HR@10 | sampled NDCG@10 | "
-             "sampled HR@10 | sale AUC | train minutes |", "|---|---|---|---|---|---|---|---|---|"]
+             "sampled HR@10 | sale AUC | train minutes | best epoch | minutes to it |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for data in datasets:
         popularity = None
         for model in MODELS:
@@ -132,19 +134,22 @@ def report(records: list[dict], datasets: dict, extra: list[str], seeds) -> str:
             rs = list(matching(records, data, fingerprint, seeds).values())
             if not rs:
                 lines.append(f"| {data} | {model} | 0 of {len(seeds)} | not measured"
-                             + " |" * 6)
+                             + " |" * 8)
                 continue
             popularity = rs[0]["test"]
             cells = [_cell(rs, k) for k in ("ndcg@10", "hr@10", "sampled_ndcg@10",
                                             "sampled_hr@10", "sale_auc")]
             minutes = spread(r["seconds"] / 60 for r in rs)["median"]
+            # Time to quality: an epoch's mean wall time (validations included) up to the kept one
+            best = spread(r["best_epoch"] for r in rs)["median"]
+            to_best = spread(r["seconds_per_epoch"] * r["best_epoch"] / 60 for r in rs)["median"]
             lines.append(f"| {data} | {model} | {len(rs)} of {len(seeds)} | {' | '.join(cells)} "
-                         f"| {minutes:.1f} |")
+                         f"| {minutes:.1f} | {best:g} | {to_best:.1f} |")
         if popularity:
             sale = popularity.get("popularity_sale_auc")
             lines.append(f"| {data} | popularity | - | {popularity['popularity_ndcg@10']:.4f} |  "
                          f"| {popularity['popularity_sampled_ndcg@10']:.4f} |  "
-                         f"| {'-' if sale is None else f'{sale:.4f}'} | 0 |")
+                         f"| {'-' if sale is None else f'{sale:.4f}'} | 0 | | |")
     return "\n".join(lines) + "\n"
 
 
