@@ -255,23 +255,26 @@ def render(records: list[dict]) -> str:
 
 
 def summary_rows(records: list[dict]) -> list[str]:
-    """One row per (data, trial, ranks): test metrics as the median and [min-max] over seeds,
-    and the training wall time, so a comparison says whether it exceeds the seeds' spread."""
+    """One row per (data, trial, ranks): validation metrics (what settings are chosen on) and
+    test metrics as the median and [min-max] over seeds, and the training wall time, so a
+    comparison says whether it exceeds the seeds' spread."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((r["data"], r["trial"], r["ranks"]), []).append(r)
 
-    def cell(rs, key):
-        s = spread(r["test"][key] for r in rs)
+    def cell(rs, part, key):
+        s = spread(r[part][key] for r in rs)
         return f"{s['median']:.4f} [{s['min']:.4f}-{s['max']:.4f}]"
 
-    lines = ["| data | trial | ranks | seeds | test NDCG@10 | test sampled NDCG@10 | "
-             "popularity NDCG@10 / sampled | train minutes |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| data | trial | ranks | seeds | val NDCG@10 | val sampled NDCG@10 | test NDCG@10 | "
+             "test sampled NDCG@10 | popularity NDCG@10 / sampled | train minutes |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for (data, trial, ranks), rs in groups.items():
         pop = rs[0]["test"]
         minutes = spread(r["seconds"] / 60 for r in rs)["median"]
-        lines.append(f"| {data} | {trial} | {ranks} | {len(rs)} | {cell(rs, 'ndcg@10')} | "
-                     f"{cell(rs, 'sampled_ndcg@10')} | {pop['popularity_ndcg@10']:.4f} / "
+        lines.append(f"| {data} | {trial} | {ranks} | {len(rs)} | {cell(rs, 'val', 'ndcg@10')} | "
+                     f"{cell(rs, 'val', 'sampled_ndcg@10')} | {cell(rs, 'test', 'ndcg@10')} | "
+                     f"{cell(rs, 'test', 'sampled_ndcg@10')} | {pop['popularity_ndcg@10']:.4f} / "
                      f"{pop['popularity_sampled_ndcg@10']:.4f} | {minutes:.1f} |")
     return lines
 
