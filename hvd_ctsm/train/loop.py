@@ -26,7 +26,7 @@ from hvd_ctsm.model.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.train import faults
 from hvd_ctsm.train.support import (lr_scale, lr_schedule, make_optimizer, progress_bar,
                                     rebase_schedule, restore, split_batch, warm_start)
-from hvd_ctsm.train.trainer import Trainer, describe_loss, start_rank
+from hvd_ctsm.train.trainer import Trainer, describe_loss, patience_evals, start_rank
 
 log = logging.getLogger("hvd_ctsm.train")
 
@@ -110,8 +110,14 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
                      plan.target_budget, plan.targets_per_shard)
         if plan.by_length:
             log.info("batches grouped by history length, each padded to its longest")
-    return Trainer(cfg, dataset, model, device, optimizer, scheduler, net=net,
-                   effective_batch=effective_batch, total_steps=total_steps, plan=plan)
+    trainer = Trainer(cfg, dataset, model, device, optimizer, scheduler, net=net,
+                      effective_batch=effective_batch, total_steps=total_steps, plan=plan)
+    if dist.is_root() and cfg.early_stop_evals:
+        patience = patience_evals(cfg, trainer.rows_per_epoch)
+        log.info("early stopping after %d validations without a better NDCG@10 (%d epochs, "
+                 "about %d training rows)", patience, patience * cfg.eval_every_epochs,
+                 patience * cfg.eval_every_epochs * trainer.rows_per_epoch)
+    return trainer
 
 
 def start_position(trainer: Trainer, checkpoints: CheckpointManager, resume: bool,

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -75,6 +76,16 @@ def describe_loss(cfg: TrainConfig, model: CTSM) -> str:
     return (f"next-item loss: {LOSS_NAMES[model.heads['next_item'].loss_kind]} (model.loss="
             f"{cfg.model.loss}, {model.sizes.num_items:,} items); item gradients exchanged "
             + ("sparsely (the rows a step touched)" if sparse else "densely"))
+
+
+def patience_evals(cfg: TrainConfig, rows_per_epoch: float) -> int:
+    """Validations without a better NDCG@10 before early stopping: early_stop_evals, or the
+    fewer (not under 2) whose epochs read early_stop_rows training rows."""
+    most = cfg.early_stop_evals
+    if not cfg.early_stop_rows:
+        return most
+    enough = math.ceil(cfg.early_stop_rows / max(rows_per_epoch * cfg.eval_every_epochs, 1))
+    return max(min(2, most), min(most, enough))
 
 
 # What Gloo (torch and Horovod) and Horovod say when the rank at the other end has gone.
@@ -137,6 +148,7 @@ class Trainer:
         self.optimizer, self.scheduler = optimizer, scheduler
         self.net = net  # what forward() is called on: the model, or its DDP wrapper
         self.effective_batch, self.total_steps, self.plan = effective_batch, total_steps, plan
+        self.rows_per_epoch = total_steps / cfg.epochs * effective_batch  # for the patience
         self.backend = dist.current()
         self.timer = StepTimer()
         self.autocast, self.scaler = autocast_for(cfg.amp, device)
@@ -269,7 +281,7 @@ class Trainer:
         if cfg.anneal_after_evals and "annealed_at" not in best:
             return False  # the plateau anneals first (anneal_due)
         since = max(best["epoch"], best.get("annealed_at", 0))
-        return epoch - since >= cfg.early_stop_evals * cfg.eval_every_epochs
+        return epoch - since >= patience_evals(cfg, self.rows_per_epoch) * cfg.eval_every_epochs
 
     def anneal_due(self, best: dict, epoch: int) -> bool:
         """anneal_after_evals validations in a row without a better NDCG@10, not annealed yet."""

@@ -14,7 +14,7 @@ from hvd_ctsm.train.trainer import Trainer
 def rules(*overrides):
     """Trainer's stopping rules read only its config: call them on a stand-in holding one."""
     cfg = load_config(None, ["eval_every_epochs=2", *overrides])
-    return SimpleNamespace(cfg=cfg)
+    return SimpleNamespace(cfg=cfg, rows_per_epoch=1000)  # ML-100K's size: 5 validations
 
 
 def test_the_anneal_fires_once_after_its_stalled_validations():
