@@ -114,9 +114,10 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
                       effective_batch=effective_batch, total_steps=total_steps, plan=plan)
     if dist.is_root() and cfg.early_stop_evals:
         patience = patience_evals(cfg, trainer.rows_per_epoch)
+        epochs = patience * cfg.eval_every_epochs
         log.info("early stopping after %d validations without a better NDCG@10 (%d epochs, "
-                 "about %d training rows)", patience, patience * cfg.eval_every_epochs,
-                 patience * cfg.eval_every_epochs * trainer.rows_per_epoch)
+                 "about %s training rows)", patience, epochs,
+                 f"{epochs * trainer.rows_per_epoch:,.0f}")
     return trainer
 
 
