@@ -34,17 +34,25 @@ T=dist.threads_per_rank=1  # as the quality report's cells: a trial per core
 search --jobs 12 --work "$WORK/wide" --data "$WIDE" --trial "sasrec=--config sasrec $T" \
     --trial "ctsm=$T" --trial "ctsm-shared=model.loss=shared $T" \
     --trial "ctsm-dropout0.5=model.dropout=0.5 $T" > "$OUT/wide.out" 2>&1 &
+wide=$!
 search --jobs 9 --work "$WORK/short" --data "$SHORT" --trial "sasrec=--config sasrec $T" \
     --trial "ctsm=$T" --trial "ctsm-dropout0.5=model.dropout=0.5 $T" > "$OUT/short.out" 2>&1 &
+short=$!
 for ((i = 1; i <= 18; i++)); do  # progress every 30 s until both are done
     sleep 30
-    echo "$((i * 30)) s: $(wc -l < "$OUT/search.jsonl" 2>/dev/null || echo 0) records;" \
-        "GPU $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader);" \
-        "load $(cut -d' ' -f1 /proc/loadavg)"
+    records=0
+    [[ -f $OUT/search.jsonl ]] && records=$(wc -l < "$OUT/search.jsonl")
+    gpu=$(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null)
+    echo "$((i * 30)) s: $records records; GPU ${gpu:-?}; load $(cut -d' ' -f1 /proc/loadavg)"
     [[ -z $(jobs -r) ]] && break
 done
-wait
+status=0
+wait "$wide" || status=1  # a trial that failed (its records' absence says which)
+wait "$short" || status=1
 for name in wide short; do
-    cp "$WORK/$name"/*.log "$OUT/logs/" 2>/dev/null
+    for log in "$WORK/$name"/*.log; do
+        [[ -f $log ]] && cp "$log" "$OUT/logs/$name-$(basename "$log")"
+    done
     tail -n 3 "$OUT/$name.out"
 done
+exit $status
