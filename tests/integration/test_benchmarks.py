@@ -273,7 +273,7 @@ def test_model_search_runs_trials_at_once_under_torchrun(tiny_features, tmp_path
     the model the trainer keeps."""
     log, work = tmp_path / "search.jsonl", tmp_path / "work"
     assert model_search.main(["--data", str(tiny_features), "--launcher", "torchrun",
-                              "--jobs", "2", "--seeds", "0,1", "--trial", "t=epochs=2",
+                              "--jobs", "2", "--seeds", "0,1", "--trial", "t=epochs=1",
                               "--log", str(log), "--work", str(work)]) == 0
     records = [json.loads(line) for line in log.open()]
     assert sorted(r["seed"] for r in records) == [0, 1]
