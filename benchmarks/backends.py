@@ -28,15 +28,10 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (RESULTS, horovodrun, machine, run, save, spread,  # noqa: E402
-                               work_folder)
+                               torchrun, work_folder)
 from benchmarks.scaling import read_train_log, run_np, run_pair, trainer_args  # noqa: E402
 
 BACKENDS = ("horovod", "torch")
-
-
-def torchrun(np: int, args: list[str]) -> list[str]:
-    return [str(Path(sys.executable).with_name("torchrun")), "--standalone",
-            "--nproc-per-node", str(np), "--no-python", sys.executable, *args]
 
 
 def one_run(args, backend: str, work: Path) -> dict:

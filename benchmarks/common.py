@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -42,17 +43,38 @@ def env() -> dict:
                          "PYTHONPATH": str(REPO)}
 
 
-def run(cmd: list[str], log: Path, timeout: float = 900, **kwargs) -> float:
-    """Run a command to completion (its output to `log`); return its wall seconds."""
+def run(cmd: list[str], log: Path, timeout: float = 900) -> float:
+    """Run a command to completion (its output to `log`); return its wall seconds. Past
+    `timeout` it is stopped (run_until) and this raises."""
+    seconds, stopped = run_until(cmd, log, timeout)
+    if stopped:
+        raise RuntimeError(f"{' '.join(cmd[:6])}... ran past {timeout:.0f} s (log: {log})")
+    return seconds
+
+
+def run_until(cmd: list[str], log: Path, timeout: float) -> tuple[float, bool]:
+    """Run `cmd` (its output to `log`) in its own process group; after `timeout` seconds stop the
+    whole group (a launcher's workers with it). Returns (wall seconds, whether it was stopped);
+    a failure raises with the log's tail."""
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env(),
-                              timeout=timeout, cwd=REPO, check=False, **kwargs)
-    if proc.returncode != 0:
-        tail = log.read_text()[-3000:]
-        raise RuntimeError(f"{' '.join(cmd[:6])}... exited {proc.returncode} (log: {log}):\n{tail}")
-    return time.perf_counter() - t0
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env(),
+                                cwd=REPO, start_new_session=True)
+        try:
+            code, stopped = proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            code, stopped = 0, True
+    if code != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])}... exited {code} (log: {log}):\n"
+                           f"{log.read_text()[-3000:]}")
+    return time.perf_counter() - t0, stopped
 
 
 @contextlib.contextmanager
@@ -70,6 +92,13 @@ def work_folder(prefix: str):
 
 def horovodrun(np: int, args: list[str]) -> list[str]:
     return ["horovodrun", "-np", str(np), "--gloo", sys.executable, *args]
+
+
+def torchrun(np: int, args: list[str]) -> list[str]:
+    """torchrun, as this interpreter's module (a GPU image may have no `torchrun` script beside
+    it); --standalone takes a free port, so runs can go side by side."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(np), "--no-python", sys.executable, *args]
 
 
 def build_features(source: str, out: Path, log: Path, max_len: int = 200,

@@ -21,10 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shlex
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -34,8 +31,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (NO_TRACKING, REPO, RESULTS, env, horovodrun, machine,  # noqa: E402
-                               spread)
+from benchmarks.common import (NO_TRACKING, RESULTS, horovodrun, machine, run_until,  # noqa: E402
+                               spread, torchrun)
 
 LOG = RESULTS / "model_search.jsonl"
 TABLE = RESULTS / "model_search.md"
@@ -110,45 +107,14 @@ def validation_curve(out: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def launch(launcher: str, ranks: int, args: list[str]) -> list[str]:
-    if launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(ranks), *args]
-    return horovodrun(ranks, args)
-
-
-def run_until(cmd: list[str], log: Path, timeout: float) -> tuple[float, bool]:
-    """Run `cmd` (its output to `log`) in its own process group; after `timeout` seconds stop the
-    whole group (a launcher's workers with it). Returns (wall seconds, whether it was stopped);
-    a failure raises with the log's tail."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env(),
-                                cwd=REPO, start_new_session=True)
-        try:
-            code, stopped = proc.wait(timeout=timeout), False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            code, stopped = 0, True
-    if code != 0:
-        raise RuntimeError(f"{' '.join(cmd[:6])}... exited {code} (log: {log}):\n"
-                           f"{log.read_text()[-3000:]}")
-    return time.perf_counter() - t0, stopped
-
-
 def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: int,
               seed: int, data_name: str | None = None, launcher: str = "horovodrun",
               timeout: float = 7200) -> dict:
     out = work / f"{name}-s{seed}"
     args = ["-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out), "--overwrite",
             "progress=false", "keep_checkpoints=1", f"seed={seed}", NO_TRACKING, *overrides]
-    seconds, stopped = run_until(launch(launcher, ranks, args), work / f"{name}-s{seed}.log",
+    launch = torchrun if launcher == "torchrun" else horovodrun
+    seconds, stopped = run_until(launch(ranks, args), work / f"{name}-s{seed}.log",
                                  timeout)
     summary_file = out / "train_summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
@@ -193,21 +159,19 @@ def run_trial(data: Path, work: Path, name: str, overrides: list[str], ranks: in
 def model_from_checkpoint(run_folder: Path, data: Path) -> None:
     """A stopped trial's model.pt: its best validated checkpoint's weights, saved as the trainer
     saves the model it keeps (Trainer.finish), so that the real backtest reads it."""
-    from dataclasses import asdict
-
     from hvd_ctsm.config import TrainConfig, from_dict
     from hvd_ctsm.data.dataset import Dataset
-    from hvd_ctsm.model.checkpoint import load_state, save_state
+    from hvd_ctsm.model.checkpoint import load_state
+    from hvd_ctsm.train.loop import checkpoint_weights
     from hvd_ctsm.train.support import build_model_sizes
+    from hvd_ctsm.train.trainer import save_model
 
     state = load_state(run_folder / "checkpoints" / "best.pt")
     cfg = from_dict(TrainConfig, state["config"])
     sizes = build_model_sizes(Dataset.open(str(data)), cfg.model.item_category,
                               cfg.model.item_tags)
-    averaged = state.get("weight_average")
-    save_state(run_folder / "model.pt", {
-        "model": averaged["weights"] if averaged else state["model"], "sizes": asdict(sizes),
-        "config": state["config"], "vocab_sha256": state["vocab_sha256"]})
+    save_model(run_folder / "model.pt", checkpoint_weights(state), sizes, state["config"],
+               state["vocab_sha256"])
 
 
 def backtest(data: Path, run_folder: Path, log: Path) -> dict:

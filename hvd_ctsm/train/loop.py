@@ -152,10 +152,14 @@ def keep_best_weights(model, checkpoints: CheckpointManager, best: dict) -> int 
     path = checkpoints.folder / "best.pt"
     if "epoch" not in best or not path.exists():
         return None
-    state = load_state(path)
-    averaged = state.get("weight_average")  # optim.ema_decay: the average was validated
-    model.load_state_dict(averaged["weights"] if averaged else state["model"])
+    model.load_state_dict(checkpoint_weights(load_state(path)))
     return best["epoch"]
+
+
+def checkpoint_weights(state: dict) -> dict:
+    """The weights a checkpoint validated: their average with optim.ema_decay, else the model's."""
+    averaged = state.get("weight_average")
+    return averaged["weights"] if averaged else state["model"]
 
 
 def anneal(trainer: Trainer, checkpoints: CheckpointManager, best: dict) -> None:

@@ -34,7 +34,7 @@ from hvd_ctsm.evaluation.evaluate import evaluate, model_scorer
 from hvd_ctsm.files import outputs
 from hvd_ctsm.files.atomic import atomic_write_bytes
 from hvd_ctsm.model.checkpoint import CheckpointManager, save_state
-from hvd_ctsm.model.ctsm import CTSM
+from hvd_ctsm.model.ctsm import CTSM, ModelSizes
 from hvd_ctsm.train import faults
 from hvd_ctsm.train.cpu_memory import keep_freed_memory
 from hvd_ctsm.train.support import StepTimer, autocast_for, build_model_sizes, set_schedule
@@ -86,6 +86,14 @@ def patience_evals(cfg: TrainConfig, rows_per_epoch: float) -> int:
         return most
     enough = math.ceil(cfg.early_stop_rows / max(rows_per_epoch * cfg.eval_every_epochs, 1))
     return max(min(2, most), min(most, enough))
+
+
+def save_model(path: Path, weights: dict, sizes: ModelSizes, config: dict,
+               vocab_sha256: str) -> None:
+    """model.pt: the weights and what rebuilds and checks them (the backtest, scoring and warm
+    starts read it)."""
+    save_state(path, {"model": weights, "sizes": asdict(sizes), "config": config,
+                      "vocab_sha256": vocab_sha256})
 
 
 # What Gloo (torch and Horovod) and Horovod say when the rank at the other end has gone.
@@ -323,9 +331,8 @@ class Trainer:
             summary["model_epoch"] = load_best()
             if summary["model_epoch"] is None and self.average:
                 self.model.load_state_dict(self.average.shadow)  # the last average is the model
-            save_state(self.out / "model.pt", {
-                "model": self.model.state_dict(), "sizes": asdict(self.model.sizes),
-                "config": to_dict(self.cfg), "vocab_sha256": self.meta.vocab_sha256})
+            save_model(self.out / "model.pt", self.model.state_dict(), self.model.sizes,
+                       to_dict(self.cfg), self.meta.vocab_sha256)
             atomic_write_bytes(self.out / "train_summary.json",
                                json.dumps(summary, indent=2).encode())
             self.writer.close()

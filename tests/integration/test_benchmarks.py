@@ -17,6 +17,7 @@ import pytest
 
 from benchmarks import (backends, comm, input_pipeline, model_search, quality, quality_report,
                         report, scaling, spark_features, trainer_ab)
+from benchmarks.common import run_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.horovod]
 
@@ -294,7 +295,7 @@ def test_a_trial_stopped_for_time_is_stopped_with_its_launchers_workers(tmp_path
     started = tmp_path / "child.pid"
     child = f"import subprocess, time; p = subprocess.Popen(['sleep', '60']); " \
             f"open('{started}', 'w').write(str(p.pid)); time.sleep(60)"
-    seconds, stopped = model_search.run_until([sys.executable, "-c", child],
+    seconds, stopped = run_until([sys.executable, "-c", child],
                                               tmp_path / "run.log", timeout=3)
     assert stopped and seconds < 40
     stat = Path(f"/proc/{started.read_text()}/stat")
