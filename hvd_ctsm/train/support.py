@@ -37,8 +37,19 @@ def lr_scale(optim: OptimConfig, effective_batch: int) -> float:
 
 
 def make_optimizer(model: torch.nn.Module, optim: OptimConfig, lr: float) -> torch.optim.AdamW:
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, optim.adam_beta2),
-                             weight_decay=optim.weight_decay)
+    """AdamW over every parameter; with optim.item_weight_decay set, the item table is a second
+    parameter group with that decay (a checkpoint's optimizer state then has two groups, and
+    resumes only under a config that also sets it)."""
+    betas = (0.9, optim.adam_beta2)
+    item_table = getattr(getattr(model, "encoder", None), "item", None)
+    if optim.item_weight_decay is None or item_table is None:
+        return torch.optim.AdamW(model.parameters(), lr=lr, betas=betas,
+                                 weight_decay=optim.weight_decay)
+    others = [p for p in model.parameters() if p is not item_table.weight]
+    return torch.optim.AdamW([{"params": others},
+                              {"params": [item_table.weight],
+                               "weight_decay": optim.item_weight_decay}],
+                             lr=lr, betas=betas, weight_decay=optim.weight_decay)
 
 
 def lr_schedule(optim: OptimConfig, scale: float, total_steps: int):

@@ -145,3 +145,21 @@ def test_the_optimizer_takes_adam_beta2_from_the_config():
         optim = load_config(None, overrides).optim
         group = make_optimizer(model, optim, lr=0.01).param_groups[0]
         assert group["betas"] == (0.9, beta2) and group["lr"] == 0.01
+
+
+def test_item_weight_decay_puts_the_item_table_in_a_group_of_its_own():
+    from hvd_ctsm.config.model_config import ModelConfig
+    from hvd_ctsm.model.ctsm import CTSM, ModelSizes
+    from hvd_ctsm.train.support import make_optimizer
+
+    model = CTSM(ModelSizes(num_items=30, num_event_types=3, attr_sizes=[], max_len=8),
+                 ModelConfig(dim=16, layers=1, heads=2))
+    plain = make_optimizer(model, load_config(None, ["optim.weight_decay=0.1"]).optim, lr=0.01)
+    assert [g["weight_decay"] for g in plain.param_groups] == [0.1]
+    optim = load_config(None, ["optim.weight_decay=0.1", "optim.item_weight_decay=2"]).optim
+    others, items = make_optimizer(model, optim, lr=0.01).param_groups
+    assert items["params"] == [model.encoder.item.weight] and items["weight_decay"] == 2.0
+    assert others["weight_decay"] == 0.1 and len(others["params"]) + 1 == len(
+        list(model.parameters()))
+    with pytest.raises(ConfigError, match="item_weight_decay"):
+        load_config(None, ["optim.item_weight_decay=-1"])
