@@ -301,6 +301,27 @@ class TemporalEncoder(nn.Module):
         return bias
 
 
+# What the encoder reads from a batch: [rows, width, ...] tensors, cut per group in states_at.
+ENCODER_INPUTS = ("item", "event_type", "value", "log_gap", "client_attrs")
+
+
+def length_groups(items: torch.Tensor, target_row: torch.Tensor,
+                  target_pos: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+    """The rows of a right-padded [rows, width] item tensor grouped by history length rounded
+    up to a power of two: (row indices, the group's longest length) each, the shortest first.
+    A row's length reaches its last non-padding item (an unknown item, 0, may sit inside a
+    history) and its last target's position. A row is padded to less than twice it."""
+    places = torch.arange(1, items.shape[1] + 1, device=items.device)
+    lengths = ((items > 0) * places).amax(1)
+    lengths = lengths.scatter_reduce(0, target_row, target_pos + 1, reduce="amax")
+    bucket = torch.ceil(torch.log2(lengths.clamp(min=1).double())).long()
+    groups = []
+    for b in torch.unique(bucket).tolist():
+        members = (bucket == b).nonzero().squeeze(1)
+        groups.append((members, max(1, int(lengths[members].max()))))
+    return groups
+
+
 class CTSM(nn.Module):
     """Encoder plus heads. forward() returns {head name: loss} for a batch with targets."""
 
@@ -324,9 +345,30 @@ class CTSM(nn.Module):
         return model.eval()
 
     def states_at(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The client state at each target's position: [num_targets, dim]."""
-        states = self.encoder(batch)
-        return states[batch["target_row"], batch["target_pos"]]
+        """The client state at each target's position: [num_targets, dim]. With
+        cfg.length_groups the rows are encoded in groups of like length (length_groups)."""
+        rows, positions = batch["target_row"], batch["target_pos"]
+        groups = length_groups(batch["item"], rows, positions) if self.cfg.length_groups else []
+        if len(groups) <= 1:
+            return self.encoder(batch)[rows, positions]
+        group_of = torch.empty_like(batch["item"][:, 0])
+        place_in_group = torch.empty_like(group_of)
+        pieces, order = [], []
+        for g, (members, _) in enumerate(groups):
+            group_of[members] = g
+            place_in_group[members] = torch.arange(len(members), device=members.device)
+        for g, (members, width) in enumerate(groups):
+            part = {name: batch[name][members, :width] for name in ENCODER_INPUTS
+                    if name in batch}
+            mine = (group_of[rows] == g).nonzero().squeeze(1)
+            states = self.encoder(part)
+            pieces.append(states[place_in_group[rows[mine]], positions[mine]])
+            order.append(mine)
+        # Back into the targets' own order: the heads see exactly what one tensor gives.
+        order = torch.cat(order)
+        back = torch.empty_like(order)
+        back[order] = torch.arange(len(order), device=order.device)
+        return torch.cat(pieces)[back]
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         states = self.states_at(batch)

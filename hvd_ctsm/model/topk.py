@@ -48,7 +48,7 @@ def score_rows(model, rows: Iterable, k: int, items: list[str],
 def client_states(model, rows: list, max_len: int) -> torch.Tensor:
     """[rows, dim]: each row's state after the last event of its history."""
     batch = _batch_from_rows(rows, max_len)
-    return model.encoder(batch)[batch["target_row"], batch["target_pos"]]
+    return model.states_at(batch)
 
 
 @torch.no_grad()

@@ -5,7 +5,8 @@ import torch
 
 from hvd_ctsm.config.model_config import ModelConfig, architecture
 from hvd_ctsm.model.catalog import seen_pairs, tied_pairs
-from hvd_ctsm.model.ctsm import CTSM, ModelSizes, position_bucket_of, recency_bias, time_gap_bias
+from hvd_ctsm.model.ctsm import (CTSM, ModelSizes, length_groups, position_bucket_of, recency_bias,
+                                 time_gap_bias)
 from hvd_ctsm.model.heads import future_pairs
 
 CATEGORIES = [0] + [1 + i % 3 for i in range(49)]  # item 0 (padding) has none
@@ -91,6 +92,57 @@ def test_padding_does_not_change_valid_positions(arch):
                          for k, v in m.state_dict().items()})
     big.eval()
     assert torch.allclose(m.encoder(batch), big.encoder(padded)[:, :12], atol=1e-5)
+
+
+def _ragged_batch(lengths, seed=0):
+    """make_batch's fields for rows of these lengths, with every position of each row a target
+    (in a shuffled order)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor(lengths)
+    b, t = len(lengths), int(lengths.max())
+    valid = torch.arange(t)[None, :] < lengths[:, None]
+    batch = {"item": torch.randint(1, 50, (b, t), generator=g) * valid,
+             "event_type": torch.randint(1, 5, (b, t), generator=g) * valid,
+             "value": torch.rand(b, t, generator=g) * valid,
+             "log_gap": torch.rand(b, t, generator=g) * valid,
+             "client_attrs": torch.randint(1, 3, (b, t, 2), generator=g) * valid[..., None]}
+    rows = torch.cat([torch.full((int(n),), i) for i, n in enumerate(lengths)])
+    positions = torch.cat([torch.arange(int(n)) for n in lengths])
+    order = torch.randperm(len(rows), generator=g)
+    batch["target_row"], batch["target_pos"] = rows[order], positions[order]
+    return batch
+
+
+@pytest.mark.parametrize("arch", ["recency", "time", "sasrec"])
+def test_length_groups_give_each_target_the_state_one_padded_tensor_gives(arch):
+    batch = _ragged_batch([12, 1, 3, 2, 7, 5, 12, 4])
+    batch["item"][4, 2] = 0  # an unknown item inside a history: the row still has 7 events
+    grouped = model(**ARCHS[arch])
+    whole = model(**ARCHS[arch], length_groups=False)
+    assert len(length_groups(batch["item"], batch["target_row"], batch["target_pos"])) == 5
+    assert torch.allclose(grouped.states_at(batch), whole.states_at(batch), atol=1e-5)
+
+
+def test_length_groups_pad_a_row_to_less_than_twice_its_length():
+    batch = _ragged_batch([1, 2, 3, 4, 5, 9, 12, 12])
+    groups = length_groups(batch["item"], batch["target_row"], batch["target_pos"])
+    assert [(m.tolist(), w) for m, w in groups] == [
+        ([0], 1), ([1], 2), ([2, 3], 4), ([4], 5), ([5, 6, 7], 12)]
+
+
+def test_length_groups_train_to_the_same_gradients():
+    batch = _ragged_batch([12, 1, 3, 6, 2], seed=1)
+    batch["target_item"] = torch.randint(1, 50, batch["target_row"].shape)
+    batch["target_label"] = torch.ones(len(batch["target_row"]))
+    batch["target_log_dt"] = torch.zeros(len(batch["target_row"]))
+    grads = []
+    for groups in (True, False):
+        m = model(length_groups=groups)
+        sum(m(batch).values()).backward()
+        grads.append({n: p.grad for n, p in m.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[0].items():
+        assert torch.allclose(grad, grads[1][name], atol=1e-5), name
 
 
 def test_recency_bias_is_causal_and_falls_with_distance():
