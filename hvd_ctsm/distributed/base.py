@@ -92,14 +92,29 @@ class Backend:
 def create_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """Give a fresh optimizer its state by one step on zero gradients (Adam's step count starts
     at 1), as Horovod's broadcast_optimizer_state does: every backend then trains the same
-    numbers, and a checkpoint written by one resumes bit for bit under another."""
+    numbers, and a checkpoint written by one resumes bit for bit under another.
+
+    The step leaves the parameters as they are: weight decay is off for it (Adam moves nothing
+    on zero gradients), since on a resume only rank 0 has read its state, and a decaying first
+    step on the other ranks would shrink their weights after they were made rank 0's. It is
+    the torch optimizer's own step, not a wrapper's (Horovod's would wait for an allreduce
+    that the ranks with a state never join)."""
     if optimizer.state_dict()["state"]:
         return
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
-    optimizer.step()
+    own_step = next(cls.step for cls in type(optimizer).__mro__
+                    if cls.__module__.startswith("torch.optim"))
+    decays = [group.get("weight_decay", 0.0) for group in optimizer.param_groups]
+    try:
+        for group in optimizer.param_groups:
+            group["weight_decay"] = 0.0
+        own_step(optimizer)
+    finally:
+        for group, decay in zip(optimizer.param_groups, decays, strict=True):
+            group["weight_decay"] = decay
 
 
 def set_threads(threads_per_rank: int | None, local_size: int) -> None:

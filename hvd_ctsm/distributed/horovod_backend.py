@@ -13,7 +13,8 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from hvd_ctsm.distributed.base import Backend, BackendError, horovod_importable
+from hvd_ctsm.distributed.base import (Backend, BackendError, create_optimizer_state,
+                                   horovod_importable)
 
 _hvd = None  # horovod.torch once init() ran
 
@@ -90,8 +91,11 @@ def init(threads_per_rank: int | None = None) -> None:
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Make every rank start from rank 0's parameters and optimizer state."""
+    """Make every rank start from rank 0's parameters and optimizer state. Each rank makes its
+    optimizer's state first (create_optimizer_state, which leaves the weights), so that Horovod
+    does not make it with a step that would decay them."""
     hvd = _horovod()
+    create_optimizer_state(optimizer)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
@@ -177,7 +181,10 @@ def is_elastic_launch() -> bool:
 
 def elastic_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, **values):
     """hvd.elastic.TorchState: model and optimizer plus plain values, saved on commit(),
-    restored after a worker failure and broadcast from rank 0 to new workers."""
+    restored after a worker failure and broadcast from rank 0 to new workers. The optimizer's
+    state is made first (create_optimizer_state), so that Horovod's sync never makes it with a
+    step that would decay a new worker's weights after they were broadcast."""
+    create_optimizer_state(optimizer)
     return _horovod().elastic.TorchState(model=model, optimizer=optimizer, **values)
 
 
