@@ -14,7 +14,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from hvd_ctsm.distributed.base import (Backend, BackendError, create_optimizer_state,
-                                   horovod_importable)
+                                       horovod_importable)
 
 _hvd = None  # horovod.torch once init() ran
 
