@@ -71,7 +71,7 @@ def record_fingerprint(record: dict, items: int | None = None) -> str | None:
     """The fingerprint of a logged trial's config read through today's config classes, so that
     settings added since do not tell apart trials that trained the same model; None
     when the record has no config or today's classes refuse it (a setting was removed)."""
-    from hvd_ctsm.config import ConfigError, TrainConfig, from_dict, to_dict
+    from hvd_ctsm.config import LEGACY_OPTIM, ConfigError, TrainConfig, from_dict, to_dict
     from hvd_ctsm.config.model_config import LEGACY_ARCH
 
     if not record.get("config"):
@@ -80,6 +80,7 @@ def record_fingerprint(record: dict, items: int | None = None) -> str | None:
     # ModelConfig.from_saved does for an old model.pt), not as today's default, which may differ.
     config = dict(record["config"])
     config["model"] = LEGACY_ARCH | config.get("model", {})
+    config["optim"] = LEGACY_OPTIM | config.get("optim", {})
     try:
         return _fingerprint(to_dict(from_dict(TrainConfig, config)), items)
     except (ConfigError, TypeError, ValueError):

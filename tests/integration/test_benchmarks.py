@@ -234,6 +234,17 @@ def test_a_baseline_trial_logged_before_attention_dropout_existed_still_counts_f
         ["--config", "sasrec", "model.attention_dropout=0"])
 
 
+def test_a_trial_logged_before_the_item_tables_decay_existed_counts_as_trained_without_it():
+    from hvd_ctsm.config import load_config, to_dict
+
+    old = to_dict(load_config(None, ["data.path=x"]))
+    del old["optim"]["item_weight_decay"]
+    assert model_search.record_fingerprint({"config": old}) == model_search.config_fingerprint(
+        ["optim.item_weight_decay=null"])
+    assert model_search.record_fingerprint({"config": old}) != model_search.config_fingerprint(
+        ["optim.item_weight_decay=5"])
+
+
 def test_a_trial_logged_with_the_full_loss_counts_for_auto_where_auto_picks_it():
     from hvd_ctsm.config import load_config, to_dict
     from hvd_ctsm.model.heads import EXACT_MAX_ITEMS
