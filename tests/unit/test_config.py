@@ -166,20 +166,3 @@ def test_item_weight_decay_puts_the_item_table_in_a_group_of_its_own():
         list(model.parameters()))
     with pytest.raises(ConfigError, match="item_weight_decay"):
         load_config(None, ["optim.item_weight_decay=-1"])
-
-
-def test_making_the_optimizers_state_leaves_the_weights_even_with_weight_decay():
-    """On a resume only rank 0 reads the optimizer's state; the others make theirs after the
-    weights were broadcast, and that step must not decay them (the ranks would differ)."""
-    import torch
-
-    from hvd_ctsm.distributed.base import create_optimizer_state
-
-    model = torch.nn.Linear(3, 2)
-    before = [p.detach().clone() for p in model.parameters()]
-    optimizer = torch.optim.AdamW([{"params": [model.weight], "weight_decay": 5.0},
-                                   {"params": [model.bias]}], lr=0.1, weight_decay=0.1)
-    create_optimizer_state(optimizer)
-    assert optimizer.state_dict()["state"]
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    assert [g["weight_decay"] for g in optimizer.param_groups] == [5.0, 0.1]

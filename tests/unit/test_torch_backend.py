@@ -94,3 +94,20 @@ def test_a_horovod_route_without_horovod_is_one_line_naming_the_classic_stack(ro
         call[route]()
     assert exit_code_for(info.value) == 2
     assert "TorchDistributor" in str(info.value)  # what the current stack trains with instead
+
+
+def test_making_the_optimizers_state_leaves_the_weights_even_with_weight_decay():
+    """On a resume only rank 0 reads the optimizer's state; the others make theirs after the
+    weights were broadcast, and that step must not decay them (the ranks would differ)."""
+    import torch
+
+    from hvd_ctsm.distributed.base import create_optimizer_state
+
+    model = torch.nn.Linear(3, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW([{"params": [model.weight], "weight_decay": 5.0},
+                                   {"params": [model.bias]}], lr=0.1, weight_decay=0.1)
+    create_optimizer_state(optimizer)
+    assert optimizer.state_dict()["state"]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [5.0, 0.1]
