@@ -9,6 +9,9 @@
   `debug.step_delay_s` ('{"1": 0.5}', or '{"*": 0.1}' for every rank) makes those ranks sleep
   that long before each batch they read, inside the trainer's timed data phase. Empty, the
   batches pass through untouched.
+- `note_on_sigterm` prints one line saying why before a SIGTERM ends the process: the launchers
+  send it to every rank left when one fails (a rank killed for memory), often before the
+  transport has told the survivor its peer has gone.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import json
 import logging
 import os
 import re
+import signal
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger("hvd_ctsm.train.faults")
@@ -68,7 +73,7 @@ class StallWatcher:
         self.out = Path(out)
         self.stalls = 0
         self._pending: list[str] | None = None
-        self._original = os.dup(2)
+        self.original_fd = os.dup(2)
         read_end, write_end = os.pipe()
         os.dup2(write_end, 2)
         os.close(write_end)
@@ -80,7 +85,7 @@ class StallWatcher:
         pending = b""
         with os.fdopen(read_end, "rb", buffering=0) as pipe:
             while chunk := pipe.read(65536):
-                os.write(self._original, chunk)
+                os.write(self.original_fd, chunk)
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
@@ -106,12 +111,15 @@ class StallWatcher:
         except OSError:
             pass
         # Written to the original stderr, not through the pipe: no echo of our own line.
-        os.write(self._original, f"[hvd_ctsm] Horovod stall warning #{self.stalls} (missing ranks "
-                                 f"{missing}) recorded in {self.out / 'events.jsonl'}\n".encode())
+        os.write(self.original_fd, f"[hvd_ctsm] Horovod stall warning #{self.stalls} (missing "
+                                   f"ranks {missing}) recorded in {self.out / 'events.jsonl'}\n"
+                                   .encode())
 
     def close(self) -> None:
         """Give fd 2 back and let the pump drain what is left."""
-        os.dup2(self._original, 2)
+        global _stderr_tee
+        os.dup2(self.original_fd, 2)
+        _stderr_tee = None
         self._thread.join(timeout=2)
         if self._pending is not None:
             self._record()
@@ -125,6 +133,36 @@ def start_stall_watcher(out: Path) -> StallWatcher | None:
     MPI), else None. Seen with Horovod 0.28.1 here: the MPI controller prints stall warnings,
     the Gloo controller printed none (the per-rank step times still name a slow rank)."""
     ranks = [os.environ[name] for name in RANK_VARIABLES if name in os.environ]
+    global _stderr_tee
     if not ranks or ranks[0] != "0":
         return None
-    return StallWatcher(out)
+    _stderr_tee = StallWatcher(out)
+    return _stderr_tee
+
+
+_stderr_tee: StallWatcher | None = None  # rank 0's, while it copies fd 2 (start_stall_watcher)
+
+
+@contextmanager
+def note_on_sigterm(message: Callable[[], str]) -> Iterator[None]:
+    """While inside: a SIGTERM first writes `error: {message()}` to stderr, then ends the process
+    as SIGTERM always did (the launcher sees the same exit, -15). Only where SIGTERM still has
+    its default action, in the main thread (Python takes signals nowhere else): a notebook's
+    or a Spark worker's own handler is left alone."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+
+    def say_then_stop(signum: int, frame) -> None:
+        # The line goes to the real stderr: a stall watcher's pipe would die with the process.
+        fd = _stderr_tee.original_fd if _stderr_tee else 2
+        os.write(fd, f"error: {message()}\n".encode())
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, say_then_stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

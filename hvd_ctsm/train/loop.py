@@ -26,13 +26,22 @@ from hvd_ctsm.model.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.train import faults
 from hvd_ctsm.train.support import (lr_scale, lr_schedule, make_optimizer, progress_bar,
                                     rebase_schedule, restore, split_batch, warm_start)
-from hvd_ctsm.train.trainer import Trainer, describe_loss, patience_evals, start_rank
+from hvd_ctsm.train.trainer import (Trainer, describe_loss, patience_evals, start_rank,
+                                    stopped_message)
 
 log = logging.getLogger("hvd_ctsm.train")
 
 
 def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) -> dict:
     trainer = build_trainer(cfg)
+    with faults.note_on_sigterm(lambda: stopped_message(cfg, trainer.model)):
+        return run_epochs(trainer, resume, init_from)
+
+
+def run_epochs(trainer: Trainer, resume: bool, init_from: str | None) -> dict:
+    """The epochs from the start position (a checkpoint's with resume) to the last one, or an
+    early stop; the summary trainer.finish writes."""
+    cfg = trainer.cfg
     checkpoints = CheckpointManager(Path(cfg.out) / "checkpoints", cfg.keep_checkpoints)
     position = start_position(trainer, checkpoints, resume, init_from)
     trainer.open_logs(resume)

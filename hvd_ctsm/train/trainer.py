@@ -105,17 +105,30 @@ class PeerLostError(RuntimeError):
 
 
 def peer_lost_message(cfg: TrainConfig, model: CTSM, exc: BaseException) -> str:
-    """What a surviving rank says: a peer stopped, most often killed for memory, with this
-    run's catalog size and the settings that bound a rank's memory."""
+    """What a surviving rank says when the transport tells it a peer has gone."""
+    first = str(exc).strip().splitlines()[0][:160]
+    return f"another rank stopped in the middle of a step ({first}). {memory_advice(cfg, model)}"
+
+
+def stopped_message(cfg: TrainConfig, model: CTSM) -> str:
+    """What a rank says when SIGTERM stops it: torchrun and horovodrun send it to every rank
+    left as soon as one fails, often before the transport has told the survivor (seen in CI:
+    torchrun ended the survivor before Gloo's 'connection closed' reached it)."""
+    return ("stopped by SIGTERM, which torchrun and horovodrun send every rank when another "
+            "rank fails (and a scheduler sends when it stops the job). "
+            + memory_advice(cfg, model))
+
+
+def memory_advice(cfg: TrainConfig, model: CTSM) -> str:
+    """A peer that vanished was most often killed for memory: this run's catalog size and the
+    settings that bound a rank's memory."""
     loss = model.heads["next_item"].loss_kind if "next_item" in model.heads else "none"
     fit = ("model.loss=shared (its memory does not grow with the catalog) or a smaller "
            "data.batch_size" if loss == "full" else "a smaller data.batch_size, or fewer ranks "
            "per host")
-    first = str(exc).strip().splitlines()[0][:160]
-    return (f"another rank stopped in the middle of a step ({first}). If the launcher reports "
-            "it killed (exit code -9, SIGKILL), it most likely ran out of memory: this run has "
-            f"{model.sizes.num_items:,} items, next-item loss {loss}, data.batch_size "
-            f"{cfg.data.batch_size} per rank; to fit, try {fit}")
+    return ("If the launcher reports a rank killed (exit code -9, SIGKILL), it most likely ran "
+            f"out of memory: this run has {model.sizes.num_items:,} items, next-item loss {loss}, "
+            f"data.batch_size {cfg.data.batch_size} per rank; to fit, try {fit}")
 
 
 class GradientBytes:
