@@ -103,11 +103,13 @@ def client_rng(seed: int, client_id: str) -> np.random.Generator:
 class ItemScores:
     """Next-item scores of one batch's target states against the catalog, given a chunk at a
     time, so that no [targets x items] matrix need exist: chunk(lo, hi) -> [targets, hi - lo]
-    for items lo..hi-1; at(items) -> [targets, C] for [targets, C] item indices."""
+    for items lo..hi-1, a tensor of its own (the ranking writes into it); at(items) ->
+    [targets, C] for [targets, C] item indices. shared: where every target has the same scores
+    (popularity), those [items] scores; the full protocol then ranks by sorting them once."""
 
     def __init__(self, chunk: Callable[[int, int], torch.Tensor],
-                 at: Callable[[torch.Tensor], torch.Tensor]):
-        self.chunk, self.at = chunk, at
+                 at: Callable[[torch.Tensor], torch.Tensor], shared: torch.Tensor | None = None):
+        self.chunk, self.at, self.shared = chunk, at, shared
 
 
 def evaluate(batches: Iterable[dict], scorer: Scorer, num_items: int, seed: int = 0,
@@ -125,7 +127,9 @@ def evaluate(batches: Iterable[dict], scorer: Scorer, num_items: int, seed: int 
                 full_ranks, sampled_ranks = _dense_ranks(batch, scores, num_items, seed,
                                                          negatives)
             else:
-                full_ranks = _chunked_full_ranks(batch, scores, num_items, chunk)
+                full_ranks = (_shared_full_ranks(batch, scores.shared, num_items)
+                              if scores.shared is not None
+                              else _chunked_full_ranks(batch, scores, num_items, chunk))
                 sampled_ranks = _sampled_ranks(batch, scores, num_items, seed, negatives)
         result.full.add_ranks(full_ranks)
         result.sampled.add_ranks(sampled_ranks)
@@ -173,7 +177,9 @@ def _chunked_full_ranks(batch: dict, scores: ItemScores, num_items: int,
 
     The target's score is read from its own chunk; until then each chunk counts the items
     surely above it (above an estimate plus a margin) and keeps the few near it, which are
-    settled once the exact score is known: the same comparisons as on the whole matrix."""
+    settled once the exact score is known: the same comparisons as on the whole matrix. The
+    scores are float32 and compared as such (float64 copies of them order the same); the
+    margin's bounds are rounded outwards to float32, so 'surely' stays sure."""
     targets = batch["target_item"]
     prior = catalog.ItemPairs.from_lists(  # what each target's client had before it
         [batch["prior_items"][row] for row in batch["target_row"].numpy()], num_items)
@@ -181,13 +187,15 @@ def _chunked_full_ranks(batch: dict, scores: ItemScores, num_items: int,
     prior = prior.by_item()
     estimate = scores.at(targets.unsqueeze(1)).squeeze(1).double()
     margin = 1e-4 * (estimate.abs() + 1)
+    upper = _float32_outwards(estimate + margin, up=True).unsqueeze(1)
+    lower = _float32_outwards(estimate - margin, up=False).unsqueeze(1)
     above = torch.zeros(len(targets), dtype=torch.long)
-    exact = torch.full((len(targets),), float("nan"), dtype=torch.float64)
+    exact = torch.full((len(targets),), float("nan"))
     near_rows, near_values = [], []
     rows = torch.arange(len(targets))
     for lo in range(0, num_items, chunk):
         hi = min(lo + chunk, num_items)
-        block = scores.chunk(lo, hi).float().double()
+        block = scores.chunk(lo, hi).float()
         here = (targets >= lo) & (targets < hi)
         exact[here] = block[rows[here], targets[here] - lo]
         block[rows[here], targets[here] - lo] = -np.inf  # the target is not its own rival
@@ -195,19 +203,45 @@ def _chunked_full_ranks(batch: dict, scores: ItemScores, num_items: int,
         block[prior_rows, prior_cols] = -np.inf
         if lo == 0:
             block[:, 0] = -np.inf
-        above += (block > (estimate + margin).unsqueeze(1)).sum(1)
-        near = (block >= (estimate - margin).unsqueeze(1)) & (
-            block <= (estimate + margin).unsqueeze(1))
-        near_row, near_col = near.nonzero(as_tuple=True)
+        above += (block > upper).sum(1)
+        near_row, near_col = ((block >= lower) & (block <= upper)).nonzero(as_tuple=True)
         near_rows.append(near_row)
         near_values.append(block[near_row, near_col])
     near_row, near_value = torch.cat(near_rows), torch.cat(near_values)
     settled = torch.zeros(len(targets), dtype=torch.long).index_add_(
         0, near_row, (near_value >= exact[near_row]).long())
-    if ((exact - estimate).abs() > margin).any():  # the pair and chunk scores disagree
+    if ((exact.double() - estimate).abs() > margin).any():  # the pair and chunk scores disagree
         raise RuntimeError("a target's chunk score is off its pair score by more than the "
                            "ranking margin: rank with a chunk as large as the catalog")
     return np.where(repeat.numpy(), num_items - 2, (above + settled).numpy())
+
+
+def _float32_outwards(values: torch.Tensor, up: bool) -> torch.Tensor:
+    """float64 values as the nearest float32 at or above them (up) or at or below them."""
+    rounded = values.float()
+    off = rounded.double() < values if up else rounded.double() > values
+    return torch.where(off, torch.nextafter(rounded, torch.tensor(np.inf if up else -np.inf)),
+                       rounded)
+
+
+def _shared_full_ranks(batch: dict, shared: torch.Tensor, num_items: int) -> np.ndarray:
+    """The full protocol's ranks, as _dense_ranks gives them, where every target has the same
+    [items] scores (popularity): the items at or above the target's score, counted in the
+    sorted scores, less those its ranking leaves out (the target, item 0, the client's earlier
+    items). No [targets x items] block: a catalog of 10^6 items costs one sort."""
+    scores = shared.float().numpy()  # float32, as the chunked and dense paths compare them
+    ordered = np.sort(scores)
+    ranks = np.empty(len(batch["target_item"]), dtype=np.int64)
+    for t, (target, row) in enumerate(zip(batch["target_item"].numpy(),
+                                          batch["target_row"].numpy(), strict=True)):
+        prior = np.asarray(batch["prior_items"][row], dtype=np.int64)
+        if target in prior:  # a repeat ranks last, as everywhere
+            ranks[t] = num_items - 2
+            continue
+        left_out = np.unique(np.concatenate([[target, 0], prior]))
+        at_or_above = len(ordered) - np.searchsorted(ordered, scores[target], side="left")
+        ranks[t] = at_or_above - (scores[left_out] >= scores[target]).sum()
+    return ranks
 
 
 def _sampled_ranks(batch, scores: ItemScores, num_items, seed, negatives) -> np.ndarray:
@@ -280,7 +314,7 @@ class Popularity:
             n = len(batch["target_item"])
             items = batch["target_item"].numpy()
             item_scores = ItemScores(chunk=lambda lo, hi: scores[lo:hi].expand(n, -1),
-                                     at=lambda ids: scores[ids])
+                                     at=lambda ids: scores[ids], shared=scores)
             return item_scores, torch.from_numpy(self.positive_rate[items])
 
         return score

@@ -192,3 +192,28 @@ def test_chunked_evaluation_gives_the_whole_matrix_ranks(chunk):
                                   np.concatenate(whole.ranks[protocol]))
         assert chunked.summary() == whole.summary()
     assert np.concatenate(whole.ranks["full"])[0] == 58  # the repeat target ranks last
+
+
+def test_the_full_ranks_by_chunks_and_by_sorting_equal_the_whole_matrix_ranks_with_ties():
+    """Scores with many exact ties and near-ties a float32 ulp apart: the chunked ranking (float32
+    bounds rounded outwards) and the sorted one of shared scores (popularity) count exactly what
+    the whole matrix counts."""
+    from hvd_ctsm.evaluation.evaluate import (ItemScores, _chunked_full_ranks, _dense_ranks,
+                                              _shared_full_ranks)
+
+    num_items, batch = 60, eval_batch(3)
+    rows = len(batch["target_item"])
+    g = torch.Generator().manual_seed(1)
+    shared = torch.randint(0, 5, (num_items,), generator=g).float() / 3  # 5 values: ties
+    shared[7::9] = torch.nextafter(shared[7::9], torch.tensor(10.0))  # an ulp above a tie
+    for matrix in (shared.expand(rows, -1), torch.randint(0, 4, (rows, num_items),
+                                                          generator=g).float() * 1e3):
+        scores = ItemScores(chunk=lambda lo, hi, m=matrix: m[:, lo:hi].clone(),
+                            at=lambda items, m=matrix: m.gather(1, items))
+        whole, _ = _dense_ranks(batch, scores, num_items, seed=0, negatives=10)
+        for chunk in (7, 60):
+            assert np.array_equal(_chunked_full_ranks(batch, scores, num_items, chunk), whole)
+    whole, _ = _dense_ranks(batch, ItemScores(chunk=lambda lo, hi: shared[lo:hi].expand(
+        rows, -1).clone(), at=lambda items: shared[items]), num_items, seed=0, negatives=10)
+    assert np.array_equal(_shared_full_ranks(batch, shared, num_items), whole)
+    assert whole[0] == num_items - 2 and len(set(whole.tolist())) > 3
