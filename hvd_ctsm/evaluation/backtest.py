@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -26,12 +27,40 @@ from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import load_model, model_file
 
 
-def evaluate_model(dataset: Dataset, model_path: str, split: str, seed: int):
+# A backtest that runs longer than this says how far it is, every this many seconds.
+PROGRESS_EVERY_S = 30.0
+
+
+def with_progress(batches: Iterable[dict], rows: int, what: str,
+                  every_s: float = PROGRESS_EVERY_S) -> Iterator[dict]:
+    """`batches` as they come; every `every_s` seconds one line on stderr: the clients ranked
+    of `rows`, and the time left at that pace (10^5 clients over 10^6 items take minutes)."""
+    start = last = time.perf_counter()
+    done = 0
+    for batch in batches:
+        yield batch
+        done += len(batch["client_id"])
+        now = time.perf_counter()
+        if now - last >= every_s:
+            last = now
+            left = (now - start) / done * max(rows - done, 0)
+            print(f"backtest: {what}: {done:,} of {rows:,} clients ranked, {now - start:.0f} s, "
+                  f"about {left:.0f} s left", file=sys.stderr, flush=True)
+
+
+def split_batches(dataset: Dataset, split: str, what: str) -> Iterator[dict]:
+    """The split's evaluation batches (256 clients each), with progress lines."""
+    rows = int(dataset.meta.splits.get(split, {}).get("rows", 0))
+    return with_progress(eval_batches(dataset.split(split), 0, 1, 256, dataset.meta.max_len),
+                         rows, what)
+
+
+def evaluate_model(dataset: Dataset, model_path: str, split: str, seed: int, what: str):
     """One saved model's EvalResult on a split of the dataset (whose vocabulary it must share)."""
     model, state = load_model(model_path)
     dataset.check_model(state, model_path, "backtest on the features it was trained on (or "
                         "retrain)")
-    batches = eval_batches(dataset.split(split), 0, 1, 256, dataset.meta.max_len)
+    batches = split_batches(dataset, split, what)
     return evaluate(batches, model_scorer(model, torch.device("cpu")),
                     dataset.meta.num_items, seed=seed, keep_ranks=True)
 
@@ -44,15 +73,14 @@ def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
     dataset = Dataset.open(data)
     for name in ("train", split):  # a damaged or incomplete dataset stops before the model loads
         dataset.split(name)
-    ours = evaluate_model(dataset, model_path, split, seed)
+    ours = evaluate_model(dataset, model_path, split, seed, "model")
     num_items, max_len = dataset.meta.num_items, dataset.meta.max_len
-    url = dataset.split(split)
     counts = Popularity.fit(eval_batches(dataset.split("train"), 0, 1, 256, max_len), num_items)
-    popularity = evaluate(eval_batches(url, 0, 1, 256, max_len), counts.scorer(), num_items,
-                          seed=seed, keep_ranks=True)
+    popularity = evaluate(split_batches(dataset, split, "popularity"), counts.scorer(),
+                          num_items, seed=seed, keep_ranks=True)
     others, compared = {}, {"popularity": popularity}
     if baseline:
-        compared["baseline"] = evaluate_model(dataset, baseline, split, seed)
+        compared["baseline"] = evaluate_model(dataset, baseline, split, seed, "baseline")
         others = {"baseline": compared["baseline"].summary(),
                   "baseline_path": str(model_file(baseline))}
     # model - each other scorer, target by target: is a gap more than the clients' noise?
