@@ -34,14 +34,15 @@ def score_rows(model, rows: Iterable, k: int, items: list[str],
                batch_size: int = 256) -> Iterator[tuple]:
     """(client_id, rank, item_id, item, score, p_sale) for each row's top-K unseen items."""
     max_len = model.sizes.max_len
+    table: list[torch.Tensor] = []  # every item's vector, built at the first batch, once
     chunk = []
     for row in rows:
         chunk.append(row)
         if len(chunk) == batch_size:
-            yield from _score_chunk(model, chunk, k, items, max_len)
+            yield from _score_chunk(model, chunk, k, items, max_len, table)
             chunk = []
     if chunk:
-        yield from _score_chunk(model, chunk, k, items, max_len)
+        yield from _score_chunk(model, chunk, k, items, max_len, table)
 
 
 @torch.no_grad()
@@ -52,10 +53,13 @@ def client_states(model, rows: list, max_len: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int) -> Iterator[tuple]:
+def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int,
+                 table: list[torch.Tensor]) -> Iterator[tuple]:
     states = client_states(model, rows, max_len)
     num_items = model.sizes.num_items
-    top = top_unseen(model, states, [row.client_items for row in rows], k, num_items)
+    if not table:
+        table.append(catalog.item_table(model.encoder))
+    top = top_unseen(model, states, [row.client_items for row in rows], k, num_items, table[0])
     p_sale = None
     if "sale" in model.heads:
         expanded = states.unsqueeze(1).expand(-1, top[1].shape[1], -1)
@@ -70,12 +74,14 @@ def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int) -> I
                    None if p_sale is None else float(p_sale[i, rank]))
 
 
-def top_unseen(model, states: torch.Tensor, seen: list, k: int,
-               num_items: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_unseen(model, states: torch.Tensor, seen: list, k: int, num_items: int,
+               table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, item indices) of each state's top-k items outside its `seen` list (and never
-    padding), taken over the catalog a chunk of items at a time (catalog.chunked_topk)."""
+    padding), taken over the catalog a chunk of items at a time (catalog.chunked_topk). table:
+    catalog.item_table(model.encoder), when the caller keeps it over many batches."""
     excluded = catalog.ItemPairs.from_lists(seen, num_items)
-    table = catalog.item_table(model.encoder)
+    if table is None:
+        table = catalog.item_table(model.encoder)
     bias = model.heads["next_item"].bias
     return catalog.chunked_topk(lambda lo, hi: states @ table[lo:hi].T + bias[lo:hi],
                                 len(states), num_items, min(k, num_items), excluded)
