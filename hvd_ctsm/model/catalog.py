@@ -250,9 +250,11 @@ def item_table(encoder, chunk: int = ITEM_CHUNK) -> torch.Tensor:
         if num_items <= chunk:
             return encoder.item_vectors()
         device = encoder.item.weight.device
-        return torch.cat([encoder.item_vectors(torch.arange(lo, min(lo + chunk, num_items),
-                                                            device=device))
-                          for lo in range(0, num_items, chunk)])
+        table = torch.empty_like(encoder.item.weight)  # filled in place: no second table
+        for lo in range(0, num_items, chunk):
+            hi = min(lo + chunk, num_items)
+            table[lo:hi] = encoder.item_vectors(torch.arange(lo, hi, device=device))
+        return table
 
 
 def chunked_topk(score_chunk: Callable[[int, int], torch.Tensor], num_rows: int,

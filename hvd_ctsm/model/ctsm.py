@@ -341,7 +341,9 @@ class CTSM(nn.Module):
         """The model saved in a model.pt state (checkpoint.load_state), in eval mode."""
         cfg = ModelConfig.from_saved(state["config"]["model"])
         model = cls(ModelSizes(**state["sizes"]), cfg)
-        model.load_state_dict(state["model"])
+        # assign: the saved tensors become the parameters, not a second copy of them beside
+        # the state the caller keeps (256 MB of item table at 10^6 items)
+        model.load_state_dict(state["model"], assign=True)
         return model.eval()
 
     def states_at(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
