@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -25,34 +25,15 @@ from hvd_ctsm.evaluation import gate
 from hvd_ctsm.evaluation.evaluate import Popularity, evaluate, model_scorer, paired_differences
 from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import load_model, model_file
-
-
-# A backtest that runs longer than this says how far it is, every this many seconds.
-PROGRESS_EVERY_S = 30.0
-
-
-def with_progress(batches: Iterable[dict], rows: int, what: str,
-                  every_s: float = PROGRESS_EVERY_S) -> Iterator[dict]:
-    """`batches` as they come; every `every_s` seconds one line on stderr: the clients ranked
-    of `rows`, and the time left at that pace (10^5 clients over 10^6 items take minutes)."""
-    start = last = time.perf_counter()
-    done = 0
-    for batch in batches:
-        yield batch
-        done += len(batch["client_id"])
-        now = time.perf_counter()
-        if now - last >= every_s:
-            last = now
-            left = (now - start) / done * max(rows - done, 0)
-            print(f"backtest: {what}: {done:,} of {rows:,} clients ranked, {now - start:.0f} s, "
-                  f"about {left:.0f} s left", file=sys.stderr, flush=True)
+from hvd_ctsm.progress import with_progress
 
 
 def split_batches(dataset: Dataset, split: str, what: str) -> Iterator[dict]:
     """The split's evaluation batches (256 clients each), with progress lines."""
     rows = int(dataset.meta.splits.get(split, {}).get("rows", 0))
     return with_progress(eval_batches(dataset.split(split), 0, 1, 256, dataset.meta.max_len),
-                         rows, what)
+                         rows, f"backtest: {what}", "clients ranked",
+                         size=lambda batch: len(batch["client_id"]))
 
 
 def evaluate_model(dataset: Dataset, model_path: str, split: str, seed: int, what: str):

@@ -42,6 +42,7 @@ from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import load_model, model_file
 from hvd_ctsm.model.topk import client_states  # noqa: F401  (the scoring core, re-exported)
 from hvd_ctsm.model.topk import score_rows
+from hvd_ctsm.progress import with_progress
 
 SCORE_COLUMNS = ("client_id", "rank", "item_id", "item", "score", "p_sale")
 SCORABLE_SPLITS = (SERVING_SPLIT, "test", "validation")
@@ -189,7 +190,8 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
     items = vocab_items(dataset, state)
     with open_reader(url, 0, 1, seed=None, shuffle=False) as reader:
         rows = list(reader)
-    records = list(score_rows(model, rows, k, items))
+    records = list(score_rows(model, with_progress(rows, len(rows), "score", "clients scored"),
+                              k, items))
     write_scores(arrow_table(records), out)
     return summarize(records, len(rows), k) | {"split": split, "out": str(out),
                                                 "seconds": round(time.perf_counter() - t0, 2)}

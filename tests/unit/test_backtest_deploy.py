@@ -36,13 +36,19 @@ def test_the_report_table_says_n_a_and_why_where_p_sale_has_no_auc(capsys):
     assert lines[-1] == "AUC n/a: every one of the 9 targets is a sale (label 1): ..."
 
 
+
 def test_a_long_backtest_says_how_far_it_is_and_passes_every_batch_on(capsys):
+    from hvd_ctsm.progress import with_progress
+
     batches = [{"client_id": ["a"] * 256}, {"client_id": ["b"] * 256}, {"client_id": ["c"] * 88}]
-    assert list(backtest.with_progress(iter(batches), 600, "model", every_s=0.0)) == batches
+    size = lambda batch: len(batch["client_id"])  # noqa: E731
+    said = with_progress(iter(batches), 600, "backtest: model", "clients ranked", size, 0.0)
+    assert list(said) == batches
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("backtest: model: 256 of 600 clients ranked")
     assert lines[-1].startswith("backtest: model: 600 of 600 clients ranked")
     assert lines[-1].endswith("about 0 s left")
-    assert list(backtest.with_progress(iter(batches), 600, "model")) == batches  # quick: quiet
-    assert capsys.readouterr().err == ""
+    quick = with_progress(iter(batches), 600, "backtest: model", "clients ranked", size)
+    assert list(quick) == batches
+    assert capsys.readouterr().err == ""  # under 30 s: quiet
