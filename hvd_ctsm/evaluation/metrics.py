@@ -73,6 +73,9 @@ class RankingSums:
         return self.means_from_vector(self.as_vector())
 
 
+BOOTSTRAP_BLOCK = 2**22  # picks drawn at once by paired_difference (32 MB of int64)
+
+
 def paired_difference(a: np.ndarray, b: np.ndarray, groups: np.ndarray, resamples: int = 2000,
                       seed: int = 0, level: float = 0.95) -> dict:
     """Mean of a - b over paired per-target values, with a bootstrap confidence interval that
@@ -90,11 +93,21 @@ def paired_difference(a: np.ndarray, b: np.ndarray, groups: np.ndarray, resample
     _, group = np.unique(np.asarray(groups), return_inverse=True)
     sums = np.bincount(group, weights=a - b)
     counts = np.bincount(group).astype(np.float64)
-    picks = np.random.default_rng(seed).integers(0, len(sums), (resamples, len(sums)))
-    means = sums[picks].sum(axis=1) / counts[picks].sum(axis=1)
+    # Resamples a block at a time: all at once, 10^5 clients took 4.8 GB (three [resamples x
+    # clients] arrays); a block holds about 4M picks, whatever the clients.
+    rng, block = np.random.default_rng(seed), max(1, BOOTSTRAP_BLOCK // len(sums))
+    means = np.concatenate([_resampled_means(rng, sums, counts, min(block, resamples - done))
+                            for done in range(0, resamples, block)])
     low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return {"mean": float(sums.sum() / counts.sum()), "low": float(low), "high": float(high),
             "level": level, "targets": int(len(a)), "groups": int(len(sums))}
+
+
+def _resampled_means(rng: np.random.Generator, sums: np.ndarray, counts: np.ndarray,
+                     resamples: int) -> np.ndarray:
+    """`resamples` bootstrap means: groups drawn with replacement, their sums over their counts."""
+    picks = rng.integers(0, len(sums), (resamples, len(sums)))
+    return sums[picks].sum(axis=1) / counts[picks].sum(axis=1)
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
