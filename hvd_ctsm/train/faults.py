@@ -32,6 +32,7 @@ log = logging.getLogger("hvd_ctsm.train.faults")
 # A rank whose busy time per step is this many times the median is called slow in the log.
 SLOW_FACTOR = 1.5
 _STALL_START = re.compile(r"waiting for remainder of ranks for more than|is stalled for longer")
+_stderr_tee = None  # rank 0's StallWatcher while it copies fd 2 (start_stall_watcher)
 
 
 def delayed(batches: Iterator, rank: int, step_delay_s: dict[str, float]) -> Iterator:
@@ -132,15 +133,12 @@ def start_stall_watcher(out: Path) -> StallWatcher | None:
     """On rank 0 of a horovodrun/mpirun launch (known from the environment before init; Gloo or
     MPI), else None. Seen with Horovod 0.28.1 here: the MPI controller prints stall warnings,
     the Gloo controller printed none (the per-rank step times still name a slow rank)."""
-    ranks = [os.environ[name] for name in RANK_VARIABLES if name in os.environ]
     global _stderr_tee
+    ranks = [os.environ[name] for name in RANK_VARIABLES if name in os.environ]
     if not ranks or ranks[0] != "0":
         return None
     _stderr_tee = StallWatcher(out)
     return _stderr_tee
-
-
-_stderr_tee: StallWatcher | None = None  # rank 0's, while it copies fd 2 (start_stall_watcher)
 
 
 @contextmanager
