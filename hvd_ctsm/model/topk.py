@@ -34,7 +34,7 @@ def score_rows(model, rows: Iterable, k: int, items: list[str],
                batch_size: int = 256) -> Iterator[tuple]:
     """(client_id, rank, item_id, item, score, p_sale) for each row's top-K unseen items."""
     max_len = model.sizes.max_len
-    table: list[torch.Tensor] = []  # every item's vector, built at the first batch, once
+    table = catalog.item_table(model.encoder)  # every item's vector, once for all the rows
     chunk = []
     for row in rows:
         chunk.append(row)
@@ -54,12 +54,10 @@ def client_states(model, rows: list, max_len: int) -> torch.Tensor:
 
 @torch.no_grad()
 def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int,
-                 table: list[torch.Tensor]) -> Iterator[tuple]:
+                 table: torch.Tensor) -> Iterator[tuple]:
     states = client_states(model, rows, max_len)
     num_items = model.sizes.num_items
-    if not table:
-        table.append(catalog.item_table(model.encoder))
-    top = top_unseen(model, states, [row.client_items for row in rows], k, num_items, table[0])
+    top = top_unseen(model, states, [row.client_items for row in rows], k, num_items, table)
     p_sale = None
     if "sale" in model.heads:
         expanded = states.unsqueeze(1).expand(-1, top[1].shape[1], -1)
@@ -75,13 +73,11 @@ def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int,
 
 
 def top_unseen(model, states: torch.Tensor, seen: list, k: int, num_items: int,
-               table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, item indices) of each state's top-k items outside its `seen` list (and never
     padding), taken over the catalog a chunk of items at a time (catalog.chunked_topk). table:
-    catalog.item_table(model.encoder), when the caller keeps it over many batches."""
+    catalog.item_table(model.encoder), built once by the caller for all its batches."""
     excluded = catalog.ItemPairs.from_lists(seen, num_items)
-    if table is None:
-        table = catalog.item_table(model.encoder)
     bias = model.heads["next_item"].bias
     return catalog.chunked_topk(lambda lo, hi: states @ table[lo:hi].T + bias[lo:hi],
                                 len(states), num_items, min(k, num_items), excluded)
