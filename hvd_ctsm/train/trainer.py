@@ -35,7 +35,7 @@ from hvd_ctsm.files import outputs
 from hvd_ctsm.files.atomic import atomic_write_bytes
 from hvd_ctsm.model.checkpoint import CheckpointManager, save_state
 from hvd_ctsm.model.ctsm import CTSM, ModelSizes
-from hvd_ctsm.train import faults
+from hvd_ctsm.train import faults, lazy_rows
 from hvd_ctsm.train.cpu_memory import keep_freed_memory
 from hvd_ctsm.train.support import StepTimer, autocast_for, build_model_sizes, set_schedule
 from hvd_ctsm.train.weight_average import WeightAverage
@@ -63,6 +63,8 @@ def start_rank(cfg: TrainConfig) -> tuple[Dataset, torch.device, CTSM]:
           "table")
     check(not sparse or cfg.dist.compression == "none", "dist.compression=fp16 compresses dense "
           "gradients only: set dist.sparse_gradients=false, or dist.compression=none")
+    check(not cfg.optim.lazy_rows or sparse, "optim.lazy_rows=true updates the rows a sparse "
+          "item gradient names: it needs dist.sparse_gradients (the shared next-item loss)")
     if sparse:
         model.encoder.use_sparse_gradients()
     return dataset, device, model.to(device)
@@ -75,7 +77,8 @@ def describe_loss(cfg: TrainConfig, model: CTSM) -> str:
     sparse = model.encoder.item.sparse
     return (f"next-item loss: {LOSS_NAMES[model.heads['next_item'].loss_kind]} (model.loss="
             f"{cfg.model.loss}, {model.sizes.num_items:,} items); item gradients exchanged "
-            + ("sparsely (the rows a step touched)" if sparse else "densely"))
+            + ("sparsely (the rows a step touched)" if sparse else "densely")
+            + ("; AdamW moves only those rows (optim.lazy_rows)" if cfg.optim.lazy_rows else ""))
 
 
 def patience_evals(cfg: TrainConfig, rows_per_epoch: float) -> int:
@@ -231,21 +234,33 @@ class Trainer:
         with timer("allreduce"):  # waiting for the averaged gradients (DDP: done in backward)
             backend.finish_gradient_reduce(self.optimizer, cfg.dist.sleeping_wait)
         with timer("step"):
-            for table in self.sparse_tables:  # exchanged sparse; the optimizer takes dense
-                if table.grad is not None and table.grad.is_sparse:
-                    table.grad = table.grad.to_dense()
             self.scaler.unscale_(self.optimizer)
+            rows = self._take_sparse_gradients()
             if cfg.optim.clip_grad_norm:  # the norm of the averaged gradient, before clipping
-                self.grad_norm = float(torch.nn.utils.clip_grad_norm_(
-                    self.model.parameters(), cfg.optim.clip_grad_norm))
+                self.grad_norm = float(lazy_rows.clip_grad_norm_(
+                    self.model.parameters(), list(rows.values()), cfg.optim.clip_grad_norm))
+            scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
             with backend.stepping(self.optimizer):
                 self.scaler.step(self.optimizer)
             self.scaler.update()
+            if not self.scaler.is_enabled() or self.scaler.get_scale() >= scale:  # not skipped
+                for table, table_rows in rows.items():
+                    lazy_rows.step_rows(self.optimizer, table, table_rows)
             self.optimizer.zero_grad()  # Horovod's takes no set_to_none
             self.scheduler.step()
             if self.average:
                 self.average.update(self.model, rows=self.effective_batch)
         return losses
+
+    def _take_sparse_gradients(self) -> dict:
+        """The sparse tables' exchanged gradients: with optim.lazy_rows taken off as rows for
+        lazy_rows.step_rows; otherwise made dense in place for AdamW's own step."""
+        if self.cfg.optim.lazy_rows:
+            return lazy_rows.take_row_gradients(self.sparse_tables)
+        for table in self.sparse_tables:
+            if table.grad is not None and table.grad.is_sparse:
+                table.grad = table.grad.to_dense()
+        return {}
 
     def log(self, step: int, losses: dict, bar) -> None:
         """Average losses and time shares over ranks (a collective), then rank 0 logs them."""

@@ -47,6 +47,35 @@ def test_sparse_exchange_keeps_ranks_in_step_and_equals_the_dense_exchange(engin
     assert not fl.same_model(sparse_model, dense_model)  # float order differs: really sparse
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["torch", pytest.param("horovod", marks=pytest.mark.horovod)])
+def test_lazy_rows_keep_ranks_in_step_and_take_adamws_first_step(engine, tiny_features,
+                                                                  tmp_path):
+    """optim.lazy_rows: the rows each rank updates are the gathered ones, so the ranks stay
+    identical; and on the first step AdamW proper moves no untouched row either (its moments
+    start at zero), so there the two are the same step."""
+    launcher = trainer_torchrun() if engine == "torch" else HOROVOD_NP2
+    runs = {}
+    for lazy, steps in (("true", 4), ("true", 1), ("false", 1)):
+        out = tmp_path / f"{lazy}-{steps}"
+        proc = fl.run(fl.trainer_cmd(tiny_features, out, *SHARED, f"max_steps={steps}",
+                                     f"optim.lazy_rows={lazy}", launcher=launcher), timeout=400)
+        assert ("AdamW moves only those rows" in proc.stderr + proc.stdout) == (lazy == "true")
+        checksums = fl.summary(out)["parameter_checksums"]
+        assert len(checksums) == 2 and checksums[0] == checksums[1]
+        runs[lazy, steps] = out / "model.pt"
+    assert fl.max_abs_difference(runs["true", 1], runs["false", 1]) < 1e-6
+    assert fl.max_abs_difference(runs["true", 4], runs["true", 1]) > 1e-4  # it did train on
+
+
+def test_lazy_rows_without_sparse_gradients_is_refused_in_one_line(tiny_features, tmp_path):
+    proc = fl.run(fl.trainer_cmd(tiny_features, tmp_path / "x", "--epochs", "1",
+                                 "model.loss=full", "optim.lazy_rows=true"), check=False)
+    assert proc.returncode == 2
+    assert "optim.lazy_rows=true updates the rows a sparse item gradient names" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_sparse_exchange_with_the_exact_softmax_is_refused_in_one_line(tiny_features, tmp_path):
     proc = fl.run(fl.trainer_cmd(tiny_features, tmp_path / "x", "--epochs", "1",
                                  "model.loss=full", "dist.sparse_gradients=true"), check=False)
