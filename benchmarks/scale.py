@@ -70,7 +70,8 @@ def probe(loss: str, items: int, repeats: int = 3) -> dict:
                                                   seen)
         elif loss == "shared":
             value = catalog.shared_sampled_softmax(states, target, lambda ids: table[ids], bias,
-                                                   seen, 2048, frequency.update(target))
+                                                   seen, 2048,
+                                                   frequency.update(target).probability)
         else:  # the dense loss as it was: first-seen positions over the whole catalog
             first = torch.full((windows, items), length, dtype=torch.long)
             first = first.scatter_reduce(1, history, torch.arange(length).expand(windows, -1),

@@ -187,24 +187,34 @@ class TargetFrequency:
     def __init__(self, num_items: int):
         self.num_items = num_items
         self.counts: torch.Tensor | None = None
+        self.total = 0  # counts.sum(), kept so that a step reads no catalog-sized tensor
 
-    def update(self, targets: torch.Tensor) -> torch.Tensor:
-        """Count `targets`, then return every item's estimated probability (add-one smoothed)."""
+    def update(self, targets: torch.Tensor) -> TargetFrequency:
+        """Count `targets`; returns itself, whose `probability` then includes them."""
         if self.counts is None or self.counts.device != targets.device:
             self.counts = torch.zeros(self.num_items, dtype=torch.float64, device=targets.device)
         self.counts.index_add_(0, targets, torch.ones_like(targets, dtype=torch.float64))
-        return (self.counts + 1) / (self.counts.sum() + self.num_items)
+        self.total += len(targets)
+        return self
+
+    def probability(self, items: torch.Tensor) -> torch.Tensor:
+        """`items`' estimated probabilities (add-one smoothed over the whole catalog)."""
+        return (self.counts[items] + 1) / (self.total + self.num_items)
 
 
-def log_inclusion(probability: torch.Tensor | None, draws: int, uniform: int,
+def uniform_probability(items: torch.Tensor, num_items: int) -> torch.Tensor:
+    """`items`' chance under a uniform draw over 1..N-1 (item 0, padding, is never drawn)."""
+    chance = torch.full(items.shape, 1 / (num_items - 1), dtype=torch.float64,
+                        device=items.device)
+    return chance.masked_fill_(items == 0, 0.0)
+
+
+def log_inclusion(probability: torch.Tensor, draws: int, uniform: int,
                   num_items: int) -> torch.Tensor:
-    """log P(item in the sample) for every item, where the sample is `draws` draws by
-    `probability` (uniform over 1..N-1 when None) and `uniform` uniform draws:
+    """log P(item in the sample), item by item, for items of the given `probability`, where
+    the sample is `draws` draws by that probability and `uniform` uniform draws:
     1 - (1 - p)^draws (1 - 1/(N-1))^uniform. The candidates are the sample's distinct items, so
     this, not the expected count, is what decides how often an item competes."""
-    if probability is None:
-        probability = torch.full((num_items,), 1 / (num_items - 1), dtype=torch.float64)
-        probability[0] = 0.0
     log_missed = draws * torch.log1p(-probability.double().clamp(max=1 - 1e-12))
     log_missed = log_missed + uniform * torch.log1p(torch.tensor(-1 / (num_items - 1),
                                                                  dtype=torch.float64))
@@ -213,11 +223,12 @@ def log_inclusion(probability: torch.Tensor | None, draws: int, uniform: int,
 
 def shared_sampled_softmax(states: torch.Tensor, target: torch.Tensor, vectors: Vectors,
                            bias: torch.Tensor, excluded: ItemPairs | None, uniform: int,
-                           probability: torch.Tensor | None, generator=None,
-                           log_q: bool = True) -> torch.Tensor:
+                           probability: Callable[[torch.Tensor], torch.Tensor] | None,
+                           generator=None, log_q: bool = True) -> torch.Tensor:
     """Mean sampled-softmax loss of each state's target against negatives shared by the batch:
-    the batch's distinct targets (drawn, in effect, by the data's target frequency
-    `probability`) and `uniform` uniform draws over items 1..N-1.
+    the batch's distinct targets (drawn, in effect, by the data's target frequency:
+    `probability(items)`, e.g. TargetFrequency.probability; None: uniform) and `uniform` uniform
+    draws over items 1..N-1.
 
     log_q: every logit, the target's too, is lowered by the log of the chance that its item is
     in that sample (log_inclusion), which removes the sample's lean towards popular items: at
@@ -228,10 +239,13 @@ def shared_sampled_softmax(states: torch.Tensor, target: torch.Tensor, vectors: 
     candidates = torch.unique(torch.cat([target, drawn]))
     logits = states @ vectors(candidates).T + bias[candidates]
     target_logit = (states * vectors(target)).sum(-1) + bias[target]
-    if log_q:
-        log_q_items = log_inclusion(probability, num_targets, uniform, num_items).to(logits.dtype)
-        logits = logits - log_q_items[candidates]
-        target_logit = target_logit - log_q_items[target]
+    if log_q:  # for the candidates and targets alone: nothing catalog-sized per step
+        needed = torch.cat([candidates, target])
+        chance = (probability(needed) if probability is not None
+                  else uniform_probability(needed, num_items))
+        log_q_items = log_inclusion(chance, num_targets, uniform, num_items).to(logits.dtype)
+        logits = logits - log_q_items[:len(candidates)]
+        target_logit = target_logit - log_q_items[len(candidates):]
     not_negative = candidates.unsqueeze(0) == target.unsqueeze(1)
     if excluded is not None and len(excluded):  # each pair's column, if its item is a candidate
         column = torch.searchsorted(candidates, excluded.item).clamp(max=len(candidates) - 1)

@@ -92,7 +92,8 @@ class NextItemHead(nn.Module):
                     states, targets, seen, offset)
             return loss
         if self.loss_kind == "shared":
-            probability = self.frequency.update(target) if self.training else None
+            probability = (self.frequency.update(target).probability if self.training
+                           else None)
             return catalog.shared_sampled_softmax(states, target, self._vectors, self.bias, seen,
                                                   self.shared_negatives, probability)
         logits, collides = self._sampled(states, target, seen)

@@ -97,6 +97,28 @@ def test_shared_sampled_softmax_leaves_out_the_target_and_the_seen_items():
     assert torch.allclose(shared, exact, atol=1e-5)
 
 
+def test_log_q_of_the_needed_items_is_the_whole_catalogs_entries_to_the_bit():
+    """A step computes log-Q for its candidates and targets only (nothing catalog-sized): the
+    same numbers as the whole catalog's vector of (counts + 1) / (sum + N), indexed."""
+    num_items, g = 1000, torch.Generator().manual_seed(4)
+    frequency = catalog.TargetFrequency(num_items)
+    for _ in range(3):
+        frequency.update(torch.randint(1, num_items, (300,), generator=g))
+    everything = torch.arange(num_items)
+    whole = (frequency.counts + 1) / (frequency.counts.sum() + num_items)
+    assert torch.equal(frequency.probability(everything), whole)
+    needed = torch.randint(1, num_items, (50,), generator=g)
+    for probability in (frequency.probability, None):
+        if probability is None:
+            whole = torch.full((num_items,), 1 / (num_items - 1), dtype=torch.float64)
+            whole[0] = 0.0
+            chance = catalog.uniform_probability(needed, num_items)
+        else:
+            chance = probability(needed)
+        reference = catalog.log_inclusion(whole, 300, 64, num_items)[needed]
+        assert torch.equal(catalog.log_inclusion(chance, 300, 64, num_items), reference)
+
+
 def fit_item_scores(log_q: bool, steps=400, num_items=100, batch=32, seed=0):
     """Learn one score per item from targets drawn by a Zipf law, with the shared sampled
     softmax (in-batch negatives plus 4 uniform draws): the softmax of the learned scores."""
@@ -108,7 +130,7 @@ def fit_item_scores(log_q: bool, steps=400, num_items=100, batch=32, seed=0):
     frequency = catalog.TargetFrequency(num_items)
     for _ in range(steps):
         target = torch.multinomial(truth, batch, replacement=True, generator=g)
-        probability = frequency.update(target)
+        probability = frequency.update(target).probability
         loss = catalog.shared_sampled_softmax(
             torch.ones(batch, 1), target, lambda ids: torch.zeros(len(ids), 1), scores, None,
             uniform=4, probability=probability, generator=g, log_q=log_q)
