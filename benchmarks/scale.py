@@ -4,6 +4,8 @@ catalog grows from 10^3 to 10^6 items, clients and events fixed.
     python benchmarks/scale.py                      # both parts: results/scale.json, .png
     python benchmarks/scale.py --only loss --items 1000,100000
     python benchmarks/scale.py --quick --out DIR    # CI's tiny version
+    python benchmarks/scale.py --only train --items 1000,1000000 --no-serve --name scale_ab \
+        --variant "optim.lazy_rows=false" --variant "optim.lazy_rows=true"   # steps, side by side
 
 Part `loss` (one fresh process per cell, so its peak memory is its own): one next-item loss
 forward and backward for a batch of 2,950 targets (a default batch's per rank) from 128 windows
@@ -147,11 +149,12 @@ def launcher(engine: str, np: int) -> list[str]:
     return ["horovodrun", "-np", str(np), "--gloo", sys.executable]
 
 
-def train_cell(data: Path, work: Path, engine: str, np: int, steps: int) -> dict:
+def train_cell(data: Path, work: Path, engine: str, np: int, steps: int,
+               trainer: list[str]) -> dict:
     out = work / f"run-{engine}-np{np}"
     cmd = [*launcher(engine, np), "-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out),
            "--overwrite", "--epochs", "1", f"max_steps={steps}", "log_every_steps=1",
-           "progress=false", NO_TRACKING]
+           "progress=false", NO_TRACKING, *trainer]
     watched = watch(cmd, work / f"train-{engine}-np{np}.log", timeout=3600)
     steps_log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     timed = steps_log[2:] or steps_log  # the first steps open readers and warm up
@@ -175,7 +178,8 @@ def serve_cells(data: Path, work: Path, model: Path) -> dict:
 
 
 def train_part(items: list[int], clients: int, events: int, steps: int, engines: list[str],
-               work: Path, row_groups: int = 64) -> list[dict]:
+               work: Path, row_groups: int = 64, serve: bool = True,
+               variants: tuple[str, ...] = ("",)) -> list[dict]:
     cells = []
     for n in items:
         source = f"synthetic:clients={clients},items={n},events={events},seed=7,cover=1"
@@ -187,12 +191,15 @@ def train_part(items: list[int], clients: int, events: int, steps: int, engines:
                 "events": events, "features_seconds": round(time.perf_counter() - start, 1),
                 "runs": []}
         for engine, np in [("single", 1)] + [(e, 2) for e in engines]:
-            cell["runs"].append(train_cell(data, work, engine, np, steps))
-            print(f"[scale] train items {n:>9,} {engine} np={np}: {cell['runs'][-1]}",
-                  flush=True)
-        cell |= serve_cells(data, work, work / f"run-{engines[0]}-np2")
-        print(f"[scale] serve items {n:>9,}: backtest {cell['backtest']}, score {cell['score']}",
-              flush=True)
+            for variant in variants:  # in turn, so that they share the machine's moments
+                run = train_cell(data, work, engine, np, steps, variant.split())
+                cell["runs"].append(run | ({"variant": variant} if variant else {}))
+                print(f"[scale] train items {n:>9,} {engine} np={np} {variant}: {run}",
+                      flush=True)
+        if serve:
+            cell |= serve_cells(data, work, work / f"run-{engines[0]}-np2")
+            print(f"[scale] serve items {n:>9,}: backtest {cell['backtest']}, "
+                  f"score {cell['score']}", flush=True)
         cells.append(cell)
     return cells
 
@@ -209,6 +216,12 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="part loss: timed repeats per cell")
     p.add_argument("--engines", default="torch,horovod")
     p.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
+    p.add_argument("--no-serve", dest="serve", action="store_false",
+                   help="part train: no backtest or scoring, the training steps alone")
+    p.add_argument("--variant", action="append", default=None, metavar="OVERRIDES",
+                   help="part train: space-separated trainer overrides, each run once per "
+                        "variant (repeatable; default: the default config)")
+    p.add_argument("--name", default=None, help="results NAME.json, .png (default: scale)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     items = [int(x) for x in args.items.split(",")]
@@ -218,22 +231,28 @@ def main(argv=None) -> int:
     if args.quick:
         items, args.clients, args.events, args.steps = [4000], 300, 9000, 3
     payload: dict = {"sizes": {"items": items, "clients": args.clients, "events": args.events,
-                               "steps": args.steps}}
+                               "steps": args.steps}, "variants": args.variant or [""]}
     if args.only in (None, "loss"):
         payload["loss"] = loss_part(items, args.repeats)
     if args.only in (None, "train"):
         with work_folder("hvd_ctsm-scale-") as work:
             payload["train"] = train_part(items, args.clients, args.events, args.steps,
                                           args.engines.split(","), work,
-                                          row_groups=8 if args.quick else 64)
-    path = save("scale_quick" if args.quick else "scale", payload, args.out)
-    plot(payload, args.out / ("scale_quick.png" if args.quick else "scale.png"))
+                                          row_groups=8 if args.quick else 64,
+                                          serve=args.serve, variants=tuple(args.variant or [""]))
+    name = args.name or ("scale_quick" if args.quick else "scale")
+    path = save(name, payload, args.out)
+    plot(payload, args.out / f"{name}.png")
     print(f"[scale] wrote {path}")
     return 0
 
 
 def gb(values: list[float]) -> str:
     return " / ".join(f"{v:.2f}" for v in values)
+
+
+def run_name(run: dict) -> str:
+    return " ".join([f"{run['engine']} np={run['np']}", run.get("variant", "")]).strip()
 
 
 def render(p: dict) -> list[str]:
@@ -259,13 +278,13 @@ def render(p: dict) -> list[str]:
             "(dense) |", "| ---: | --- | ---: | ---: | ---: | ---: |"]
     for cell in p.get("train", []):
         for r in cell["runs"]:
-            out.append(f"| {cell['items']:,} | {r['engine']} np={r['np']} | "
+            out.append(f"| {cell['items']:,} | {run_name(r)} | "
                        f"{r['seconds_per_step']:.2f} | {r['rows_per_s']:.0f} | "
                        f"{gb(r['peak_rss_gb_by_rank'])} | {r['exchange_mb']:.1f} "
                        f"({r['dense_exchange_mb']:.1f}) |")
     out += ["", "| items | feature job s | backtest s, peak GB | score s, peak GB |",
             "| ---: | ---: | ---: | ---: |"]
-    for cell in p.get("train", []):
+    for cell in (c for c in p.get("train", []) if "backtest" in c):
         out.append(f"| {cell['items']:,} | {cell['features_seconds']:.0f} | "
                    f"{cell['backtest']['seconds']:.0f}, {max(cell['backtest']['peak_rss_gb']):.2f}"
                    f" | {cell['score']['seconds']:.0f}, {max(cell['score']['peak_rss_gb']):.2f} |")
@@ -286,7 +305,7 @@ def plot(p: dict, path: Path) -> None:
     runs: dict[str, list] = {}
     for cell in p.get("train", []):
         for r in cell["runs"]:
-            runs.setdefault(f"{r['engine']} np={r['np']}", []).append(
+            runs.setdefault(run_name(r), []).append(
                 (cell["items"], r["seconds_per_step"]))
     for name, points in runs.items():
         right.plot(*zip(*points, strict=True), "o-", label=name)
