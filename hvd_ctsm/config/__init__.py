@@ -95,7 +95,8 @@ class OptimConfig:
     """With sparse item gradients (dist.sparse_gradients), AdamW moves only the rows of the item
     and tag tables a step touched, as TensorFlow's LazyAdam (hvd_ctsm.train.lazy_rows). AdamW
     proper moves every row every step, an untouched row by its momentum: a step that reads and
-    writes the whole table and its two moments, most of a CPU step at 10^6 items."""
+    writes the whole table and its two moments, most of a CPU step at 10^6 items. With dense
+    item gradients (the exact loss) it does nothing, and the training log says so."""
     ema_decay: float = 0.0
     """Validate, and keep as the model, an exponential moving average of the weights with
     this decay per `base_batch_size` rows trained (larger batches decay it more per step), at

@@ -22,6 +22,16 @@ import torch
 RowGradient = tuple[torch.Tensor, torch.Tensor]  # (row indices, their gradient rows)
 
 
+def describe(lazy: bool, sparse: bool) -> str:
+    """The end of the training log's item-gradient line. optim.lazy_rows applies where item
+    gradients are sparse; elsewhere (a catalog small enough for the exact loss under
+    model.loss=auto) it does nothing, which a config shared across catalogs should allow."""
+    if not lazy:
+        return ""
+    return ("; AdamW moves only those rows (optim.lazy_rows)" if sparse else
+            "; optim.lazy_rows does nothing here (it needs sparse item gradients)")
+
+
 def take_row_gradients(tables: list[torch.nn.Parameter]) -> dict[torch.nn.Parameter, RowGradient]:
     """Each table's sparse gradient as (rows, values), one entry per row (the exchange may have
     gathered a row once per rank), and the table left without a gradient."""

@@ -63,8 +63,6 @@ def start_rank(cfg: TrainConfig) -> tuple[Dataset, torch.device, CTSM]:
           "table")
     check(not sparse or cfg.dist.compression == "none", "dist.compression=fp16 compresses dense "
           "gradients only: set dist.sparse_gradients=false, or dist.compression=none")
-    check(not cfg.optim.lazy_rows or sparse, "optim.lazy_rows=true updates the rows a sparse "
-          "item gradient names: it needs dist.sparse_gradients (the shared next-item loss)")
     if sparse:
         model.encoder.use_sparse_gradients()
     return dataset, device, model.to(device)
@@ -78,7 +76,7 @@ def describe_loss(cfg: TrainConfig, model: CTSM) -> str:
     return (f"next-item loss: {LOSS_NAMES[model.heads['next_item'].loss_kind]} (model.loss="
             f"{cfg.model.loss}, {model.sizes.num_items:,} items); item gradients exchanged "
             + ("sparsely (the rows a step touched)" if sparse else "densely")
-            + ("; AdamW moves only those rows (optim.lazy_rows)" if cfg.optim.lazy_rows else ""))
+            + lazy_rows.describe(cfg.optim.lazy_rows, sparse))
 
 
 def patience_evals(cfg: TrainConfig, rows_per_epoch: float) -> int:
