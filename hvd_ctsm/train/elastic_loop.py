@@ -55,6 +55,7 @@ def run(cfg, init_from: str | None = None) -> dict:
                                history=[], best_weights=None, average=None)
 
     def commit(state) -> None:
+        trainer.settle_rows()  # the committed weights are whole (optim.lazy_rows)
         if dist.is_root():
             faults.append_event(out, {"event": "commit", "epoch": state.epoch,
                                       "rows": state.rows, "step": state.step,

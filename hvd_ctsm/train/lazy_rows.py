@@ -1,21 +1,30 @@
-"""AdamW on the rows a step touched: the optimizer step of a catalog-sized table in time that
-does not grow with the catalog (optim.lazy_rows).
+"""AdamW on the rows a step touched, the other rows caught up when next touched: the
+optimizer step of a catalog-sized table in time that does not grow with the catalog
+(optim.lazy_rows).
 
 With sparse item gradients (dist.sparse_gradients) a step's gradient holds a few thousand rows
-of a table that may have 10^6. AdamW proper still moves every row every step (an untouched
-row's momentum keeps pushing it for a while), so its step reads and writes the whole table and
-its two moments: at 10^6 items and dim 64 that was most of a 2-core CPU step. Here, as
-TensorFlow's LazyAdam does, only the touched rows and their moments move; every other row is
-left as it is until a step touches it again. The step count and the bias corrections stay
-global, and the state lives where AdamW keeps it (optimizer.state[table], the same keys), so a
-checkpoint resumes under either setting.
+of a table that may have 10^6. AdamW proper still moves every row every step (an untouched row
+keeps moving by its momentum, and decays), so its step reads and writes the whole table and its
+two moments: at 10^6 items and dim 64 that was most of a 2-core CPU step. A row no step reads
+cannot change a loss, so its zero-gradient steps may wait: here each row remembers the step it
+was last brought up to, and when a lookup reads it again (a forward pre-hook on its embedding),
+the steps it missed are applied first in closed form (momentum decaying by beta1, the second
+moment by beta2, weight decay); the optimizer step then moves the rows its gradient names.
+`settle` brings every row up to date before anything reads the whole table (validation,
+checkpoints, the final model, an elastic commit, the weight average).
 
-The trainer takes these tables' gradients off before the optimizer's own step (AdamW skips a
-parameter without one), clips them with the rest (`clip_grad_norm_`), and calls `step_rows`
-when the optimizer stepped.
+The closed form takes the current step's lr and bias corrections for the missed steps, which
+AdamW proper would have taken step by step, and counts eps as decaying with the second moment:
+after warm-up, as long as a row's momentum lasts (about 1 / (1 - beta1) = 10 steps), lr barely
+moves, and the unit tests bound the difference. Unlike TensorFlow's LazyAdam (which drops the
+missed steps, so a rarely seen row moves about a tenth of what AdamW would move it), the rows
+end where AdamW's end. The step count and both moments live where AdamW keeps them
+(optimizer.state[table], the same keys), so a checkpoint resumes under either setting.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -23,13 +32,9 @@ RowGradient = tuple[torch.Tensor, torch.Tensor]  # (row indices, their gradient 
 
 
 def describe(lazy: bool, sparse: bool) -> str:
-    """The end of the training log's item-gradient line. optim.lazy_rows applies where item
-    gradients are sparse; elsewhere (a catalog small enough for the exact loss under
-    model.loss=auto) it does nothing, which a config shared across catalogs should allow."""
-    if not lazy:
-        return ""
-    return ("; AdamW moves only those rows (optim.lazy_rows)" if sparse else
-            "; optim.lazy_rows does nothing here (it needs sparse item gradients)")
+    """The end of the training log's item-gradient line."""
+    return "; the optimizer moves only the rows a step reads (optim.lazy_rows)" if (
+        lazy and sparse) else ""
 
 
 def take_row_gradients(tables: list[torch.nn.Parameter]) -> dict[torch.nn.Parameter, RowGradient]:
@@ -64,27 +69,172 @@ def clip_grad_norm_(params, row_grads: list[RowGradient], max_norm: float) -> to
     return total
 
 
-@torch.no_grad()
-def step_rows(optimizer: torch.optim.AdamW, table: torch.nn.Parameter, rows: RowGradient) -> None:
-    """One AdamW step (decoupled weight decay, bias-corrected moments) on `rows` of `table`,
-    the same arithmetic as torch's single-tensor AdamW applied to those rows alone."""
-    group = next(g for g in optimizer.param_groups if any(p is table for p in g["params"]))
-    index, grad = rows
-    state = optimizer.state[table]
-    if not state:  # as AdamW starts a state; create_optimizer_state has usually done it
-        state["step"] = torch.tensor(0.0)
-        state["exp_avg"] = torch.zeros_like(table)
-        state["exp_avg_sq"] = torch.zeros_like(table)
-    state["step"] += 1
-    step = float(state["step"])
-    lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-    beta1, beta2 = group["betas"]
-    param, exp_avg, exp_avg_sq = table[index], state["exp_avg"][index], state["exp_avg_sq"][index]
-    param.mul_(1 - lr * wd)
-    exp_avg.lerp_(grad.to(exp_avg.dtype), 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
-    param.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1**step))
-    table.index_copy_(0, index, param)
-    state["exp_avg"].index_copy_(0, index, exp_avg)
-    state["exp_avg_sq"].index_copy_(0, index, exp_avg_sq)
+class LazyRows:
+    """The row-wise AdamW of an optimizer's sparse tables (embedding modules): a row is
+    brought up to date when a lookup reads it (a forward pre-hook) and moved by `step`, after
+    each optimizer step that ran; `settle` before the whole tables are read."""
+
+    SETTLE_ROWS = 65_536  # rows caught up at a time by settle: bounded temporaries
+
+    def __init__(self, optimizer: torch.optim.Optimizer, modules: list[torch.nn.Embedding]):
+        self.optimizer, self.tables = optimizer, [m.weight for m in modules]
+        # per table: (the state's step tensor it counts against, each row's step, int64)
+        self._row_steps: dict[torch.nn.Parameter, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._history: dict[torch.nn.Parameter, StepHistory] = {}
+        for module in modules:  # what a step reads is what AdamW proper would hold
+            module.register_forward_pre_hook(lambda m, args: self.bring_up_to_date(m.weight,
+                                                                                   args[0]))
+
+    @torch.no_grad()
+    def bring_up_to_date(self, table: torch.nn.Parameter, ids: torch.Tensor) -> None:
+        """Apply to the rows `ids` names the steps they missed, up to the last step."""
+        group, state = self._group_and_state(table)
+        if not state:
+            return
+        row_steps, step = self._steps_of_rows(table, state), int(state["step"])
+        index = ids.reshape(-1).unique()
+        index = index[row_steps[index] < step]
+        if len(index) == 0:
+            return
+        param, exp_avg = table[index], state["exp_avg"][index]
+        exp_avg_sq = state["exp_avg_sq"][index]
+        catch_up(param, exp_avg, exp_avg_sq, row_steps[index], step, self._history[table], group)
+        table.index_copy_(0, index, param)
+        state["exp_avg"].index_copy_(0, index, exp_avg)
+        state["exp_avg_sq"].index_copy_(0, index, exp_avg_sq)
+        row_steps[index] = step
+
+    @torch.no_grad()
+    def step(self, rows: dict[torch.nn.Parameter, RowGradient]) -> None:
+        """One AdamW step on the given rows of each table (brought up to date first, which
+        their lookup has done), with the same arithmetic as torch's single-tensor AdamW."""
+        for table, (index, grad) in rows.items():
+            self.bring_up_to_date(table, index)
+            group, state = self._group_and_state(table)
+            row_steps = self._steps_of_rows(table, state)
+            state["step"] += 1
+            step = int(state["step"])
+            self._history[table].record(step, group)
+            param = table[index]
+            exp_avg, exp_avg_sq = state["exp_avg"][index], state["exp_avg_sq"][index]
+            lr, beta1, beta2 = group["lr"], *group["betas"]
+            param.mul_(1 - lr * group["weight_decay"])
+            exp_avg.lerp_(grad.to(exp_avg.dtype), 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(group["eps"])
+            param.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1**step))
+            table.index_copy_(0, index, param)
+            state["exp_avg"].index_copy_(0, index, exp_avg)
+            state["exp_avg_sq"].index_copy_(0, index, exp_avg_sq)
+            row_steps[index] = step
+
+    @torch.no_grad()
+    def settle(self) -> None:
+        """Bring every row of every table up to the last step (what AdamW proper would hold)."""
+        for table in self.tables:
+            group, state = self._group_and_state(table)
+            if not state:
+                continue
+            row_steps, step = self._steps_of_rows(table, state), int(state["step"])
+            for lo in range(0, table.shape[0], self.SETTLE_ROWS):
+                block = slice(lo, lo + self.SETTLE_ROWS)
+                if bool((row_steps[block] < step).any()):
+                    catch_up(table[block], state["exp_avg"][block], state["exp_avg_sq"][block],
+                             row_steps[block], step, self._history[table], group)
+            row_steps.fill_(step)
+
+    def _group_and_state(self, table: torch.nn.Parameter) -> tuple[dict, dict]:
+        group = next(g for g in self.optimizer.param_groups
+                     if any(p is table for p in g["params"]))
+        return group, self.optimizer.state[table]
+
+    def _steps_of_rows(self, table: torch.nn.Parameter, state: dict) -> torch.Tensor:
+        """Each row's last step. Counted from a state's step tensor: a state loaded anew (a
+        resume, an elastic reset: settled when saved) starts with every row up to date."""
+        if not state:  # as AdamW starts a state; create_optimizer_state has usually done it
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(table)
+            state["exp_avg_sq"] = torch.zeros_like(table)
+        known = self._row_steps.get(table)
+        if known is None or known[0] is not state["step"]:
+            rows = torch.full((table.shape[0],), int(state["step"]), dtype=torch.int64,
+                              device=table.device)
+            known = self._row_steps[table] = (state["step"], rows)
+            self._history[table] = StepHistory(int(state["step"]))
+        return known[1]
+
+
+class StepHistory:
+    """Per step since rows were last all up to date, what a missed step depends on: its lr,
+    lr / bc1 and lr / bc1 * sqrt(bc2) (its move where eps, or where sqrt(v), dominates), and the
+    running sum of log(1 - lr wd) (a row's weight decay over any span of steps, in O(1))."""
+
+    NAMES = ("lr", "step_size", "factor", "log_keep")
+
+    def __init__(self, start: int):
+        for name in self.NAMES:  # log_keep 0 at `start`: nothing decayed before it
+            setattr(self, name, torch.zeros(start + 1024, dtype=torch.float64))
+        self.decays = False  # any step with weight decay
+
+    def record(self, step: int, group: dict) -> None:
+        if step >= len(self.lr):
+            for name in self.NAMES:
+                values = getattr(self, name)
+                setattr(self, name, torch.cat([values, torch.zeros_like(values)]))
+        lr, wd, (beta1, beta2) = group["lr"], group["weight_decay"], group["betas"]
+        self.lr[step] = lr
+        self.step_size[step] = lr / (1 - beta1**step)
+        self.factor[step] = lr / (1 - beta1**step) * math.sqrt(1 - beta2**step)
+        self.log_keep[step] = self.log_keep[step - 1] + math.log1p(-lr * wd)
+        self.decays = self.decays or lr * wd != 0
+
+
+WINDOW = 64  # missed steps summed one by one; beyond them (beta1 / sqrt(beta2))^j < 0.0013
+
+
+def catch_up(param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+             row_steps: torch.Tensor, to_step: int, history: StepHistory, group: dict) -> None:
+    """Apply, in place, to rows last brought up to `row_steps`, AdamW's steps up to `to_step`
+    with zero gradients. The j-th step a row missed (step u) decays it by 1 - lr_u wd and moves
+    it by lr_u / bc1_u * beta1^j m / (sqrt(beta2^j v / bc2_u) + eps). Summed over j, that is
+    m * A / (sqrt(v) + eps * A / B) exactly where sqrt(v) dominates eps or eps dominates (A and
+    B: the sums of the two extremes' factors), a harmonic blend between."""
+    eps, (beta1, beta2) = group["eps"], group["betas"]
+    last = row_steps.unsqueeze(1)
+    missed = (to_step - last).clamp(min=0)
+    where_v = missed_series(history, history.factor, beta1 / math.sqrt(beta2), last, missed,
+                            to_step, group["weight_decay"])
+    where_eps = missed_series(history, history.step_size, beta1, last, missed, to_step,
+                              group["weight_decay"])
+    blend = torch.where(where_eps > 0, eps * where_v / where_eps, eps)  # eps: nothing missed
+    direction = exp_avg / (exp_avg_sq.sqrt() + blend.to(exp_avg_sq.dtype))
+    param.sub_(direction * where_v.to(param.dtype))
+    if history.decays:
+        param.mul_(torch.exp(history.log_keep[last + missed] - history.log_keep[last])
+                   .to(param.dtype))
+    exp_avg.mul_((beta1**missed).to(exp_avg.dtype))
+    exp_avg_sq.mul_((beta2**missed).to(exp_avg_sq.dtype))
+
+
+def missed_series(history: StepHistory, per_step: torch.Tensor, ratio: float,
+                  last: torch.Tensor, missed: torch.Tensor, to_step: int,
+                  weight_decay: float) -> torch.Tensor:
+    """[rows, 1]: sum over each row's missed steps j = 1..missed of per_step[last + j] *
+    ratio^j / (its decay from last to last + j): step by step over the first WINDOW, as a
+    geometric series beyond (per_step, lr and wd of the tail's centre)."""
+    end = max(to_step, 1)
+    j = torch.arange(1, WINDOW + 1, device=last.device)
+    step = (last + j).clamp(max=end)
+    move = per_step[step] * ratio ** j.to(torch.float64)
+    if history.decays:
+        move = move * torch.exp(history.log_keep[last] - history.log_keep[step])
+    total = torch.where(j <= missed, move, 0.0).sum(1, keepdim=True)
+    beyond = (missed - WINDOW).clamp(min=0)
+    if bool((beyond > 0).any()):
+        centre = (last + WINDOW + beyond.clamp(max=10)).clamp(max=end)
+        first = per_step[centre] * ratio ** (WINDOW + 1) * torch.exp(
+            history.log_keep[last] - history.log_keep[(last + WINDOW).clamp(max=end)])
+        rho = ratio / (1 - history.lr[centre] * weight_decay)
+        series = torch.where(rho == 1, beyond, (1 - rho**beyond) / (1 - rho))
+        total = total + torch.where(beyond > 0, first * series, 0.0)
+    return total

@@ -183,6 +183,8 @@ class Trainer:
         sparse = [m for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse]
         self.sparse_tables = [m.weight for m in sparse]
         self.exchange = GradientBytes(model, sparse)
+        self.lazy_rows = (lazy_rows.LazyRows(self.optimizer, sparse)
+                          if cfg.optim.lazy_rows and sparse else None)
 
     def open_logs(self, resume: bool) -> None:
         """Rank 0: claim the run folder, save the config, open TensorBoard (and MLflow)."""
@@ -241,19 +243,25 @@ class Trainer:
             with backend.stepping(self.optimizer):
                 self.scaler.step(self.optimizer)
             self.scaler.update()
-            if not self.scaler.is_enabled() or self.scaler.get_scale() >= scale:  # not skipped
-                for table, table_rows in rows.items():
-                    lazy_rows.step_rows(self.optimizer, table, table_rows)
+            if rows and (not self.scaler.is_enabled() or self.scaler.get_scale() >= scale):
+                self.lazy_rows.step(rows)  # (a step the scaler skipped lowered its scale)
             self.optimizer.zero_grad()  # Horovod's takes no set_to_none
             self.scheduler.step()
             if self.average:
+                self.settle_rows()
                 self.average.update(self.model, rows=self.effective_batch)
         return losses
 
+    def settle_rows(self) -> None:
+        """With optim.lazy_rows, bring every row of the item tables up to date: before
+        anything reads whole tables (validation, checkpoints, the model, an elastic commit)."""
+        if self.lazy_rows:
+            self.lazy_rows.settle()
+
     def _take_sparse_gradients(self) -> dict:
         """The sparse tables' exchanged gradients: with optim.lazy_rows taken off as rows for
-        lazy_rows.step_rows; otherwise made dense in place for AdamW's own step."""
-        if self.cfg.optim.lazy_rows:
+        LazyRows.step; otherwise made dense in place for AdamW's own step."""
+        if self.lazy_rows:
             return lazy_rows.take_row_gradients(self.sparse_tables)
         for table in self.sparse_tables:
             if table.grad is not None and table.grad.is_sparse:
@@ -286,6 +294,7 @@ class Trainer:
         """Ranking and sale metrics on the validation split, sharded over ranks and combined
         exactly (sums and counts over ranks, all labels gathered); rank 0 logs them with
         `record` (epoch, step, ...) to TensorBoard and metrics.jsonl."""
+        self.settle_rows()
         self.model.eval()
         batches = eval_batches(self.dataset.split("validation"), dist.rank(),
                                dist.size(), batch_size=256, max_len=self.model.sizes.max_len)
@@ -336,6 +345,7 @@ class Trainer:
                    is_best: bool = False) -> None:
         """A collective (every rank's RNG state is gathered, for an exact resume); rank 0
         writes it."""
+        self.settle_rows()
         rng = dist.allgather_object(torch.get_rng_state())
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(),
@@ -350,6 +360,7 @@ class Trainer:
         """Check that the ranks ended in sync; rank 0 makes the best validated weights the model
         (`load_best` loads them and returns their epoch, None to keep the last) and writes
         model.pt and train_summary.json. Returns the summary."""
+        self.settle_rows()
         checksums = dist.allgather_object(parameter_checksum(self.model))
         summary = summary | {"ranks": dist.size(), "effective_batch": self.effective_batch,
                              "parameter_checksums": checksums}

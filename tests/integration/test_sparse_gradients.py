@@ -12,6 +12,7 @@ import time
 
 import psutil
 import pytest
+import torch
 
 from tests.helpers import faultlib as fl
 from tests.integration.test_torch_backend import HOROVOD_NP2, trainer_torchrun
@@ -49,29 +50,28 @@ def test_sparse_exchange_keeps_ranks_in_step_and_equals_the_dense_exchange(engin
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["torch", pytest.param("horovod", marks=pytest.mark.horovod)])
-def test_lazy_rows_keep_ranks_in_step_and_take_adamws_first_step(engine, tiny_features,
-                                                                  tmp_path):
+def test_lazy_rows_keep_ranks_in_step_and_end_where_adamw_ends(engine, tiny_features, tmp_path):
     """optim.lazy_rows: the rows each rank updates are the gathered ones, so the ranks stay
-    identical; and on the first step AdamW proper moves no untouched row either (its moments
-    start at zero), so there the two are the same step."""
+    identical; the rows a step skipped are caught up (settled before the model is written), so
+    the model is AdamW's to float tolerance."""
     launcher = trainer_torchrun() if engine == "torch" else HOROVOD_NP2
     runs = {}
-    for lazy, steps in (("true", 4), ("true", 1), ("false", 1)):
-        out = tmp_path / f"{lazy}-{steps}"
-        proc = fl.run(fl.trainer_cmd(tiny_features, out, *SHARED, f"max_steps={steps}",
-                                     f"optim.lazy_rows={lazy}", launcher=launcher), timeout=400)
-        assert ("AdamW moves only those rows" in proc.stderr + proc.stdout) == (lazy == "true")
+    for lazy in ("true", "false"):
+        out = tmp_path / lazy
+        proc = fl.run(fl.trainer_cmd(tiny_features, out, *SHARED, f"optim.lazy_rows={lazy}",
+                                     launcher=launcher), timeout=400)
+        said = "the optimizer moves only the rows a step reads" in proc.stderr + proc.stdout
+        assert said == (lazy == "true")
         checksums = fl.summary(out)["parameter_checksums"]
         assert len(checksums) == 2 and checksums[0] == checksums[1]
-        runs[lazy, steps] = out / "model.pt"
-    assert fl.max_abs_difference(runs["true", 1], runs["false", 1]) < 1e-6
-    assert fl.max_abs_difference(runs["true", 4], runs["true", 1]) > 1e-4  # it did train on
-
-
-def test_lazy_rows_with_dense_item_gradients_says_it_does_nothing(tiny_features, tmp_path):
-    proc = fl.run(fl.trainer_cmd(tiny_features, tmp_path / "x", "--epochs", "1", "max_steps=1",
-                                 "model.loss=full", "optim.lazy_rows=true"))
-    assert "exchanged densely; optim.lazy_rows does nothing here" in proc.stderr
+        runs[lazy] = out / "model.pt"
+    lazy, dense = (fl.load_state(runs[k])["model"] for k in ("true", "false"))
+    for table in ("encoder.item.weight", "encoder.tags.weight"):  # 3e-8 measured
+        assert float((lazy[table] - dense[table]).abs().max()) < 1e-6
+    assert not torch.equal(lazy["encoder.item.weight"], dense["encoder.item.weight"])
+    # elsewhere only Adam's blow-up of rounding where the gradient is ~0 (the module's note):
+    # the attention's key bias, 3.5e-5 measured
+    assert fl.max_abs_difference(runs["true"], runs["false"]) < 1e-3
 
 
 def test_sparse_exchange_with_the_exact_softmax_is_refused_in_one_line(tiny_features, tmp_path):
