@@ -160,7 +160,7 @@ class LazyRows:
             rows = torch.full((table.shape[0],), int(state["step"]), dtype=torch.int64,
                               device=table.device)
             known = self._row_steps[table] = (state["step"], rows)
-            self._history[table] = StepHistory(int(state["step"]))
+            self._history[table] = StepHistory(int(state["step"]), table.device)
         return known[1]
 
 
@@ -171,9 +171,9 @@ class StepHistory:
 
     NAMES = ("lr", "step_size", "factor", "log_keep")
 
-    def __init__(self, start: int):
+    def __init__(self, start: int, device: torch.device):
         for name in self.NAMES:  # log_keep 0 at `start`: nothing decayed before it
-            setattr(self, name, torch.zeros(start + 1024, dtype=torch.float64))
+            setattr(self, name, torch.zeros(start + 1024, dtype=torch.float64, device=device))
         self.decays = False  # any step with weight decay
 
     def record(self, step: int, group: dict) -> None:
