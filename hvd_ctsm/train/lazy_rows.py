@@ -202,6 +202,8 @@ def catch_up(param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tenso
     eps, (beta1, beta2) = group["eps"], group["betas"]
     last = row_steps.unsqueeze(1)
     missed = (to_step - last).clamp(min=0)
+    if not bool((missed > 0).any()):
+        return
     where_v = missed_series(history, history.factor, beta1 / math.sqrt(beta2), last, missed,
                             to_step, group["weight_decay"])
     where_eps = missed_series(history, history.step_size, beta1, last, missed, to_step,
@@ -222,8 +224,8 @@ def missed_series(history: StepHistory, per_step: torch.Tensor, ratio: float,
     """[rows, 1]: sum over each row's missed steps j = 1..missed of per_step[last + j] *
     ratio^j / (its decay from last to last + j): step by step over the first WINDOW, as a
     geometric series beyond (per_step, lr and wd of the tail's centre)."""
-    end = max(to_step, 1)
-    j = torch.arange(1, WINDOW + 1, device=last.device)
+    end, most = max(to_step, 1), int(missed.max()) if missed.numel() else 0
+    j = torch.arange(1, min(most, WINDOW) + 1, device=last.device)  # rows read often: a few
     step = (last + j).clamp(max=end)
     move = per_step[step] * ratio ** j.to(torch.float64)
     if history.decays:
