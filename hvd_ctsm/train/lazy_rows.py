@@ -60,8 +60,6 @@ def clip_grad_norm_(params, row_grads: list[RowGradient], max_norm: float) -> to
     dense = [p.grad for p in params if p.grad is not None]
     norms = [torch.linalg.vector_norm(g) for g in dense]
     norms += [torch.linalg.vector_norm(values) for _, values in row_grads]
-    if not norms:
-        return torch.tensor(0.0)
     total = torch.linalg.vector_norm(torch.stack(norms))
     factor = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for grad in dense + [values for _, values in row_grads]:
