@@ -29,6 +29,7 @@ import math
 import torch
 
 RowGradient = tuple[torch.Tensor, torch.Tensor]  # (row indices, their gradient rows)
+WINDOW = 64  # missed steps summed one by one; beyond them (beta1 / sqrt(beta2))^j < 0.0013
 
 
 def describe(lazy: bool, sparse: bool) -> str:
@@ -94,8 +95,7 @@ class LazyRows:
         index = index[row_steps[index] < step]
         if len(index) == 0:
             return
-        param, exp_avg = table[index], state["exp_avg"][index]
-        exp_avg_sq = state["exp_avg_sq"][index]
+        param, exp_avg, exp_avg_sq = rows_of(index, table, state["exp_avg"], state["exp_avg_sq"])
         catch_up(param, exp_avg, exp_avg_sq, row_steps[index], step, self._history[table], group)
         table.index_copy_(0, index, param)
         state["exp_avg"].index_copy_(0, index, exp_avg)
@@ -113,8 +113,8 @@ class LazyRows:
             state["step"] += 1
             step = int(state["step"])
             self._history[table].record(step, group)
-            param = table[index]
-            exp_avg, exp_avg_sq = state["exp_avg"][index], state["exp_avg_sq"][index]
+            param, exp_avg, exp_avg_sq = rows_of(index, table, state["exp_avg"],
+                                                 state["exp_avg_sq"])
             lr, beta1, beta2 = group["lr"], *group["betas"]
             param.mul_(1 - lr * group["weight_decay"])
             exp_avg.lerp_(grad.to(exp_avg.dtype), 1 - beta1)
@@ -158,21 +158,34 @@ class LazyRows:
             rows = torch.full((table.shape[0],), int(state["step"]), dtype=torch.int64,
                               device=table.device)
             known = self._row_steps[table] = (state["step"], rows)
-            self._history[table] = StepHistory(int(state["step"]), table.device)
+            group = self._group_and_state(table)[0]
+            self._history[table] = StepHistory(int(state["step"]), table.device, group)
         return known[1]
 
 
+def rows_of(index: torch.Tensor, *tables: torch.Tensor) -> list[torch.Tensor]:
+    """Copies of the `index` rows of each table (index_select: on CPU several times faster
+    than advanced indexing at a few thousand rows of a 10^6-row table)."""
+    return [table.index_select(0, index) for table in tables]
+
+
 class StepHistory:
-    """Per step since rows were last all up to date, what a missed step depends on: its lr,
-    lr / bc1 and lr / bc1 * sqrt(bc2) (its move where eps, or where sqrt(v), dominates), and the
-    running sum of log(1 - lr wd) (a row's weight decay over any span of steps, in O(1))."""
+    """Per step since rows were last all up to date (`start`), what a missed step depends on:
+    its lr, lr / bc1 * sqrt(bc2) and lr / bc1 (its move's factor where sqrt(v), or eps,
+    dominates), the running sum of log(1 - lr wd) (a row's weight decay over any span of steps,
+    in O(1)), and per step s, once s + WINDOW is recorded, each factor's sum over the WINDOW
+    steps after s (`window_sum`: what a row last brought to s and missed them all moved)."""
 
-    NAMES = ("lr", "step_size", "factor", "log_keep")
+    NAMES = ("lr", "factor", "step_size", "log_keep", "factor_window", "step_size_window")
 
-    def __init__(self, start: int, device: torch.device):
+    def __init__(self, start: int, device: torch.device, group: dict):
         for name in self.NAMES:  # log_keep 0 at `start`: nothing decayed before it
             setattr(self, name, torch.zeros(start + 1024, dtype=torch.float64, device=device))
-        self.decays = False  # any step with weight decay
+        self.start, self.decays = start, False  # decays: any step with weight decay
+        beta1, beta2 = group["betas"]
+        self.ratios = {"factor": beta1 / math.sqrt(beta2), "step_size": beta1}
+        j = torch.arange(1, WINDOW + 1, dtype=torch.float64, device=device)
+        self.powers = {name: ratio**j for name, ratio in self.ratios.items()}
 
     def record(self, step: int, group: dict) -> None:
         if step >= len(self.lr):
@@ -185,9 +198,12 @@ class StepHistory:
         self.factor[step] = lr / (1 - beta1**step) * math.sqrt(1 - beta2**step)
         self.log_keep[step] = self.log_keep[step - 1] + math.log1p(-lr * wd)
         self.decays = self.decays or lr * wd != 0
-
-
-WINDOW = 64  # missed steps summed one by one; beyond them (beta1 / sqrt(beta2))^j < 0.0013
+        first = step - WINDOW
+        if first >= self.start:
+            decayed = torch.exp(self.log_keep[first] - self.log_keep[first + 1:step + 1])
+            for name, powers in self.powers.items():
+                moves = getattr(self, name)[first + 1:step + 1] * powers * decayed
+                getattr(self, f"{name}_window")[first] = moves.sum()
 
 
 def catch_up(param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
@@ -202,9 +218,8 @@ def catch_up(param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tenso
     missed = (to_step - last).clamp(min=0)
     if not bool((missed > 0).any()):
         return
-    where_v = missed_series(history, history.factor, beta1 / math.sqrt(beta2), last, missed,
-                            to_step, group["weight_decay"])
-    where_eps = missed_series(history, history.step_size, beta1, last, missed, to_step,
+    where_v = missed_series(history, "factor", last, missed, to_step, group["weight_decay"])
+    where_eps = missed_series(history, "step_size", last, missed, to_step,
                               group["weight_decay"])
     blend = torch.where(where_eps > 0, eps * where_v / where_eps, eps)  # eps: nothing missed
     direction = exp_avg / (exp_avg_sq.sqrt() + blend.to(exp_avg_sq.dtype))
@@ -216,25 +231,31 @@ def catch_up(param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tenso
     exp_avg_sq.mul_((beta2**missed).to(exp_avg_sq.dtype))
 
 
-def missed_series(history: StepHistory, per_step: torch.Tensor, ratio: float,
-                  last: torch.Tensor, missed: torch.Tensor, to_step: int,
-                  weight_decay: float) -> torch.Tensor:
-    """[rows, 1]: sum over each row's missed steps j = 1..missed of per_step[last + j] *
-    ratio^j / (its decay from last to last + j): step by step over the first WINDOW, as a
-    geometric series beyond (per_step, lr and wd of the tail's centre)."""
-    end, most = max(to_step, 1), int(missed.max()) if missed.numel() else 0
-    j = torch.arange(1, min(most, WINDOW) + 1, device=last.device)  # rows read often: a few
-    step = (last + j).clamp(max=end)
-    move = per_step[step] * ratio ** j.to(torch.float64)
-    if history.decays:
-        move = move * torch.exp(history.log_keep[last] - history.log_keep[step])
-    total = torch.where(j <= missed, move, 0.0).sum(1, keepdim=True)
-    beyond = (missed - WINDOW).clamp(min=0)
-    if bool((beyond > 0).any()):
-        centre = (last + WINDOW + beyond.clamp(max=10)).clamp(max=end)
+def missed_series(history: StepHistory, name: str, last: torch.Tensor, missed: torch.Tensor,
+                  to_step: int, weight_decay: float) -> torch.Tensor:
+    """[rows, 1]: sum over each row's missed steps j = 1..missed of the per-step `name` factor
+    at last + j, times its ratio^j, over the row's decay from last to last + j. The first
+    WINDOW steps: step by step (rows that missed them all: the history's window_sum, computed
+    once per step), a geometric series beyond (factor, lr and wd of the tail's centre)."""
+    per_step, ratio = getattr(history, name), history.ratios[name]
+    end = max(to_step, 1)
+    total = torch.where(missed >= WINDOW, getattr(history, f"{name}_window")[last], 0.0)
+    recent = ((missed > 0) & (missed < WINDOW)).squeeze(1).nonzero().squeeze(1)
+    if len(recent):  # rows read within the window: step by step, as many as they missed
+        k, since = missed[recent], last[recent]
+        j = torch.arange(1, int(k.max()) + 1, device=last.device)
+        step = (since + j).clamp(max=end)
+        move = per_step[step] * history.powers[name][:len(j)]
+        if history.decays:
+            move = move * torch.exp(history.log_keep[since] - history.log_keep[step])
+        total[recent] = torch.where(j <= k, move, 0.0).sum(1, keepdim=True)
+    far = (missed > WINDOW).squeeze(1).nonzero().squeeze(1)
+    if len(far):
+        since, beyond = last[far], missed[far] - WINDOW
+        centre = (since + WINDOW + beyond.clamp(max=10)).clamp(max=end)
         first = per_step[centre] * ratio ** (WINDOW + 1) * torch.exp(
-            history.log_keep[last] - history.log_keep[(last + WINDOW).clamp(max=end)])
+            history.log_keep[since] - history.log_keep[since + WINDOW])
         rho = ratio / (1 - history.lr[centre] * weight_decay)
-        series = torch.where(rho == 1, beyond, (1 - rho**beyond) / (1 - rho))
-        total = total + torch.where(beyond > 0, first * series, 0.0)
+        series = torch.where(rho == 1, beyond.to(torch.float64), (1 - rho**beyond) / (1 - rho))
+        total[far] += first * series
     return total
