@@ -150,7 +150,7 @@ def launcher(engine: str, np: int) -> list[str]:
 
 
 def train_cell(data: Path, work: Path, engine: str, np: int, steps: int,
-               trainer: list[str]) -> dict:
+               trainer: tuple[str, ...] | list[str] = ()) -> dict:
     out = work / f"run-{engine}-np{np}"
     cmd = [*launcher(engine, np), "-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out),
            "--overwrite", "--epochs", "1", f"max_steps={steps}", "log_every_steps=1",

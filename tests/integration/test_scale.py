@@ -37,5 +37,6 @@ def test_200k_items_train_at_np2_with_the_shared_loss_and_sparse_exchange_in_bou
     assert json.loads((data / "metadata.json").read_text())["vocab"]["items"] == 200_001
     cell = scale.train_cell(data, tmp_path, "torch", 2, steps=4)
     assert "shared: sampled softmax" in cell["loss_log"][0]  # auto chose it above 50,000 items
+    assert "the optimizer moves only the rows a step reads" in cell["loss_log"][0]
     assert max(cell["peak_rss_gb_by_rank"]) < RANK_BOUND_GB, cell
     assert cell["exchange_mb"] < 0.2 * cell["dense_exchange_mb"], cell
