@@ -70,6 +70,31 @@ def run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None 
             return EXIT_BAD_INPUT
         raise
     except Exception as exc:  # noqa: BLE001  one line; --debug shows the traceback
-        print(f"{prog}: crashed: {type(exc).__name__}: {one_line(exc)} (rerun with --debug for "
-              "the traceback)", file=sys.stderr)
+        detail = spark_jvm_stopped(exc) or f"{type(exc).__name__}: {one_line(exc)}"
+        print(f"{prog}: crashed: {detail} (rerun with --debug for the traceback)",
+              file=sys.stderr)
         return EXIT_CRASH
+
+
+SPARK_MEMORY_FIX = ("give it more heap: --conf spark.driver.memory=16g (in local mode the "
+                    "driver runs every task; the default here is 4g), spark.executor.memory on "
+                    "a cluster; or fewer events per run")
+
+
+def spark_jvm_stopped(exc: BaseException) -> str | None:
+    """The one line, with the fix, when Spark's JVM ran out of memory or stopped mid-job (said
+    by the exception or one it was raised from or during), instead of Java's stack trace (a
+    5x10^7-event feature job printed 4,000 characters of it, not saying "memory"); else None.
+    The JVM's own OutOfMemoryError is in its log; the job's Python sees a failed action or a
+    stopped SparkContext."""
+    texts, seen = [], exc
+    while seen is not None and len(texts) < 10:
+        texts.append(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    if any("java.lang.OutOfMemoryError" in text for text in texts):
+        return f"the Spark JVM ran out of memory (java.lang.OutOfMemoryError); {SPARK_MEMORY_FIX}"
+    if any("stopped SparkContext" in text or "SparkContext was shut down" in text
+           for text in texts):
+        return ("the Spark JVM stopped mid-job, most often out of memory (look for "
+                f"java.lang.OutOfMemoryError in the log above); {SPARK_MEMORY_FIX}")
+    return None

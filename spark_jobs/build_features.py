@@ -12,6 +12,7 @@ The whole folder is built in a temporary sibling and renamed into place when com
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import shutil
 import subprocess
@@ -232,7 +233,8 @@ def _build(spark, config: FeatureConfig) -> dict:
     finally:
         for frame in (counted, examples):
             if frame is not None:
-                frame.unpersist()
+                with contextlib.suppress(Exception):  # a dead JVM: keep the error that killed it
+                    frame.unpersist()
     few = {k: v["row_groups"] for k, v in splits.items() if v["row_groups"] < config.row_groups}
     warnings = [
         f"{k}: only {n} row groups (< {config.row_groups}): fewer rows than requested"

@@ -118,3 +118,40 @@ def test_the_feature_job_sorts_errors_as_every_program_does(tmp_path, monkeypatc
     assert stop.value.code == code
     err = capsys.readouterr().err
     assert err.startswith("hvd-ctsm-features: ") and len(err.strip().splitlines()) == 1, err
+
+
+JVM_STOPPED = ("An error occurred while calling o260.unpersist. : java.lang.IllegalStateException: "
+               "Cannot call methods on a stopped SparkContext. This stopped SparkContext was "
+               "created at: org.apache.spark.api.java.JavaSparkContext.<init>(...)")
+JVM_OOM = ("An error occurred while calling o251.save. : org.apache.spark.SparkException: Job "
+           "aborted due to stage failure: Task 1 in stage 43.0 failed 1 times: "
+           "java.lang.OutOfMemoryError: Java heap space")
+
+
+def raised_during(first: Exception, second: Exception) -> Exception:
+    """`second` as Python raises it from a finally block while `first` propagates."""
+    try:
+        try:
+            raise first
+        finally:
+            raise second
+    except Exception as exc:  # noqa: BLE001
+        return exc
+
+
+@pytest.mark.parametrize("error, says", [
+    (RuntimeError(JVM_OOM), "the Spark JVM ran out of memory"),
+    (raised_during(RuntimeError(JVM_OOM), RuntimeError(JVM_STOPPED)),
+     "the Spark JVM ran out of memory"),
+    (RuntimeError(JVM_STOPPED), "the Spark JVM stopped mid-job, most often out of memory")])
+def test_a_spark_jvm_out_of_memory_is_one_line_naming_the_heap_setting(capsys, error, says):
+    """The texts are Py4J's own (the JVM cannot be made to run out of memory in a unit test)."""
+    from hvd_ctsm.errors import run_cli
+
+    def main(argv):
+        raise error
+
+    assert run_cli(main, "hvd-ctsm-features", []) == 3
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err, err
+    assert "--conf spark.driver.memory=16g" in err and "JavaSparkContext" not in err
