@@ -97,9 +97,8 @@ class LazyRows:
             return
         param, exp_avg, exp_avg_sq = rows_of(index, table, state["exp_avg"], state["exp_avg_sq"])
         catch_up(param, exp_avg, exp_avg_sq, row_steps[index], step, self._history[table], group)
-        table.index_copy_(0, index, param)
-        state["exp_avg"].index_copy_(0, index, exp_avg)
-        state["exp_avg_sq"].index_copy_(0, index, exp_avg_sq)
+        write_rows(index, (table, param), (state["exp_avg"], exp_avg),
+                   (state["exp_avg_sq"], exp_avg_sq))
         row_steps[index] = step
 
     @torch.no_grad()
@@ -121,9 +120,8 @@ class LazyRows:
             exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(group["eps"])
             param.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1**step))
-            table.index_copy_(0, index, param)
-            state["exp_avg"].index_copy_(0, index, exp_avg)
-            state["exp_avg_sq"].index_copy_(0, index, exp_avg_sq)
+            write_rows(index, (table, param), (state["exp_avg"], exp_avg),
+                       (state["exp_avg_sq"], exp_avg_sq))
             row_steps[index] = step
 
     @torch.no_grad()
@@ -167,6 +165,12 @@ def rows_of(index: torch.Tensor, *tables: torch.Tensor) -> list[torch.Tensor]:
     """Copies of the `index` rows of each table (index_select: on CPU several times faster
     than advanced indexing at a few thousand rows of a 10^6-row table)."""
     return [table.index_select(0, index) for table in tables]
+
+
+def write_rows(index: torch.Tensor, *pairs: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Each (table, rows): the rows (from rows_of) written back at `index`."""
+    for table, rows in pairs:
+        table.index_copy_(0, index, rows)
 
 
 class StepHistory:
