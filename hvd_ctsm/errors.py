@@ -77,8 +77,8 @@ def run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None 
 
 
 SPARK_MEMORY_FIX = ("give it more heap: --conf spark.driver.memory=16g (in local mode the "
-                    "driver runs every task; the default here is 4g), spark.executor.memory on "
-                    "a cluster; or fewer events per run")
+                    "driver runs every task; the feature job sizes it by its input, 4g at least), "
+                    "spark.executor.memory on a cluster; or fewer events per run")
 
 
 def spark_jvm_stopped(exc: BaseException) -> str | None:

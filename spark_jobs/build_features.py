@@ -323,11 +323,16 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"hvd-ctsm-features: bad arguments: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from spark_jobs.session import ExecutorPythonError, get_spark
+    from spark_jobs.driver_heap import local_heap_conf
+    from spark_jobs.session import ExecutorPythonError, get_spark, resolve_master
 
     try:  # an output we may not write stops here, before Spark starts (about 10 s)
         check_output(config)
-        spark = get_spark(master=args.master, **dict(kv.split("=", 1) for kv in args.conf))
+        conf = dict(kv.split("=", 1) for kv in args.conf)
+        heap, said = local_heap_conf(config.source, resolve_master(args.master), conf)
+        if said:
+            print(f"hvd-ctsm-features: {said}", file=sys.stderr)
+        spark = get_spark(master=args.master, **conf, **heap)
         summary = build_features(spark, config)
     except ExecutorPythonError as err:  # the executors' Python cannot run the job: 3
         print(f"hvd-ctsm-features: error: {err}", file=sys.stderr)
