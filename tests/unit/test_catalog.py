@@ -97,6 +97,44 @@ def test_shared_sampled_softmax_leaves_out_the_target_and_the_seen_items():
     assert torch.allclose(shared, exact, atol=1e-5)
 
 
+def test_shared_sampled_softmax_with_log_q_is_its_definition_row_by_row():
+    """A few draws (so that most items are no candidate), log-Q on, seen items excluded, and
+    targets that are among their own row's seen items: loss and gradients equal the definition
+    written out one row at a time (the target's logit against every candidate that is neither
+    the target nor excluded), each logit lowered by its item's log inclusion chance."""
+    num_items, uniform = 30, 6
+    items, row, pos, target = random_batch(7, num_items=num_items)
+    target[0] = items[row[0], pos[0]]  # a repeat purchase: the target is also a seen item
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(num_items, 5, generator=g, requires_grad=True)
+    bias = torch.randn(num_items, generator=g, requires_grad=True)
+    states = torch.randn(len(target), 5, generator=g, requires_grad=True)
+    frequency = catalog.TargetFrequency(num_items).update(target)
+    excluded = catalog.seen_pairs(items, row, pos, num_items)
+    loss = catalog.shared_sampled_softmax(states, target, lambda ids: table[ids], bias, excluded,
+                                          uniform, frequency.probability,
+                                          generator=torch.Generator().manual_seed(1))
+    grads = torch.autograd.grad(loss, (states, table, bias))
+
+    drawn = torch.randint(1, num_items, (uniform,), generator=torch.Generator().manual_seed(1))
+    candidates = sorted(set(target.tolist()) | set(drawn.tolist()))
+    log_q = catalog.log_inclusion(frequency.probability(torch.arange(num_items)), len(target),
+                                  uniform, num_items).float()
+    pairs = set(zip(excluded.target.tolist(), excluded.item.tolist(), strict=True))
+    terms = []
+    for i, t in enumerate(target.tolist()):
+        negatives = [c for c in candidates if c != t and (i, c) not in pairs]
+        items_of_row = torch.tensor([t, *negatives])  # the target's logit first
+        row_logits = states[i] @ table[items_of_row].T + bias[items_of_row] - log_q[items_of_row]
+        terms.append(torch.logsumexp(row_logits, 0) - row_logits[0])
+    definition = torch.stack(terms).mean()
+    assert (0, int(target[0])) in pairs and len(candidates) < num_items - 5
+    assert torch.allclose(loss, definition, atol=1e-6)
+    for got, want in zip(grads, torch.autograd.grad(definition, (states, table, bias)),
+                         strict=True):
+        assert torch.allclose(got, want, atol=1e-6)
+
+
 def test_log_q_of_the_needed_items_is_the_whole_catalogs_entries_to_the_bit():
     """A step computes log-Q for its candidates and targets only (nothing catalog-sized): the
     same numbers as the whole catalog's vector of (counts + 1) / (sum + N), indexed."""
