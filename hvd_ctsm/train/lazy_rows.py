@@ -91,10 +91,11 @@ class LazyRows:
         if not state:
             return
         row_steps, step = self._steps_of_rows(table, state), int(state["step"])
-        index = ids.reshape(-1).unique()
-        index = index[row_steps[index] < step]
-        if len(index) == 0:
+        ids = ids.reshape(-1)
+        stale = ids[row_steps[ids] < step]  # before unique(): most lookups of a step find none
+        if len(stale) == 0:
             return
+        index = stale.unique()
         param, exp_avg, exp_avg_sq = rows_of(index, table, state["exp_avg"], state["exp_avg_sq"])
         catch_up(param, exp_avg, exp_avg_sq, row_steps[index], step, self._history[table], group)
         write_rows(index, (table, param), (state["exp_avg"], exp_avg),
