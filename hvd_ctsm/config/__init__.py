@@ -82,9 +82,10 @@ class OptimConfig:
     other parameter. A rare item's vector is pushed by the few events it is the target of and
     barely pulled back by the softmax, where it is a negative of tiny probability; decay pulls
     it back towards zero, which leaves its score to the item bias (its popularity). 5 validated
-    higher on short purchase histories and on ML-100K (3 seeds each, full and sampled NDCG@10)
-    and lower on the synthetic set's full NDCG@10, so it is not the default yet: try it on
-    sparse data (benchmarks/QUALITY.md, "Decay on the item table")."""
+    higher (3 seeds each, full and sampled NDCG@10) at about 6 training targets an item and on
+    ML-100K (58); at 14 and 70 it cost full NDCG@10 (at 14 it raised sampled NDCG@10), and on
+    the synthetic set (192) too: no default by targets per item held, so it is an option for
+    very sparse purchase logs (benchmarks/QUALITY.md, "Decay on the item table" and after)."""
     adam_beta2: float = 0.999
     """AdamW's decay of its average of squared gradients (PyTorch's default; SASRec's authors
     used 0.98). It averages over about 1 / (1 - adam_beta2) steps: with 0.999 that is longer
