@@ -80,6 +80,11 @@ class LazyRows:
         # per table: (the state's step tensor it counts against, each row's step, int64)
         self._row_steps: dict[torch.nn.Parameter, tuple[torch.Tensor, torch.Tensor]] = {}
         self._history: dict[torch.nn.Parameter, StepHistory] = {}
+        # Each table's param group by position: loading a state dict replaces the group dicts
+        # but keeps their order and members.
+        self._group_index = {table: next(i for i, g in enumerate(optimizer.param_groups)
+                                         if any(p is table for p in g["params"]))
+                             for table in self.tables}
         for module in modules:  # what a step reads is what AdamW proper would hold
             module.register_forward_pre_hook(lambda m, args: self.bring_up_to_date(m.weight,
                                                                                    args[0]))
@@ -141,9 +146,7 @@ class LazyRows:
             row_steps.fill_(step)
 
     def _group_and_state(self, table: torch.nn.Parameter) -> tuple[dict, dict]:
-        group = next(g for g in self.optimizer.param_groups
-                     if any(p is table for p in g["params"]))
-        return group, self.optimizer.state[table]
+        return self.optimizer.param_groups[self._group_index[table]], self.optimizer.state[table]
 
     def _steps_of_rows(self, table: torch.nn.Parameter, state: dict) -> torch.Tensor:
         """Each row's last step. Counted from a state's step tensor: a state loaded anew (a
