@@ -24,8 +24,9 @@ from hvd_ctsm.files import storage
 DEFAULT_GB = 4  # hvd_ctsm.spark_session.STARTUP_CONF
 GB_PER_MILLION_EVENTS = 0.32
 MACHINE_SHARE = 0.7
-# Bytes an event takes on disk, on the small side so that a file's events are not undercounted:
-# MovieLens' u.data is 19.8 a rating; Parquet's columns compress to about half of that.
+# Bytes an event takes on disk, on the small side so that a file's events are not undercounted
+# (measured: MovieLens' u.data 19.8 a rating; 10^6 synthetic events with numeric ids 33.9 as
+# CSV and 8.7 as Parquet).
 TEXT_BYTES_PER_EVENT = 20
 PARQUET_BYTES_PER_EVENT = 8
 SETTING = "spark.driver.memory"
