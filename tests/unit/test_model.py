@@ -27,18 +27,20 @@ def ctsm(sizes=SIZES, **settings) -> CTSM:
     return CTSM(sizes, ModelConfig(**(PLAIN | settings)))
 
 
-def make_batch(b=3, t=12, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor([12, 7, 3])[:b]
+def event_fields(lengths: torch.Tensor, t: int, g: torch.Generator) -> dict:
+    """Random events for rows of these lengths, padded with zeros to t positions."""
+    b = len(lengths)
     valid = torch.arange(t)[None, :] < lengths[:, None]
-    batch = {
-        "item": torch.randint(1, 50, (b, t), generator=g) * valid,
-        "event_type": torch.randint(1, 5, (b, t), generator=g) * valid,
-        "value": torch.rand(b, t, generator=g) * valid,
-        "log_gap": torch.rand(b, t, generator=g) * valid,
-        "client_attrs": torch.randint(1, 3, (b, t, 2), generator=g) * valid[..., None],
-    }
-    return batch, lengths
+    return {"item": torch.randint(1, 50, (b, t), generator=g) * valid,
+            "event_type": torch.randint(1, 5, (b, t), generator=g) * valid,
+            "value": torch.rand(b, t, generator=g) * valid,
+            "log_gap": torch.rand(b, t, generator=g) * valid,
+            "client_attrs": torch.randint(1, 3, (b, t, 2), generator=g) * valid[..., None]}
+
+
+def make_batch(b=3, t=12, seed=0):
+    lengths = torch.tensor([12, 7, 3])[:b]
+    return event_fields(lengths, t, torch.Generator().manual_seed(seed)), lengths
 
 
 def model(**kwargs):
@@ -99,13 +101,7 @@ def _ragged_batch(lengths, seed=0):
     (in a shuffled order)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.tensor(lengths)
-    b, t = len(lengths), int(lengths.max())
-    valid = torch.arange(t)[None, :] < lengths[:, None]
-    batch = {"item": torch.randint(1, 50, (b, t), generator=g) * valid,
-             "event_type": torch.randint(1, 5, (b, t), generator=g) * valid,
-             "value": torch.rand(b, t, generator=g) * valid,
-             "log_gap": torch.rand(b, t, generator=g) * valid,
-             "client_attrs": torch.randint(1, 3, (b, t, 2), generator=g) * valid[..., None]}
+    batch = event_fields(lengths, int(lengths.max()), g)
     rows = torch.cat([torch.full((int(n),), i) for i, n in enumerate(lengths)])
     positions = torch.cat([torch.arange(int(n)) for n in lengths])
     order = torch.randperm(len(rows), generator=g)
