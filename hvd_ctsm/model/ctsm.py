@@ -353,13 +353,12 @@ class CTSM(nn.Module):
         groups = length_groups(batch["item"], rows, positions) if self.cfg.length_groups else []
         if len(groups) <= 1:
             return self.encoder(batch)[rows, positions]
-        group_of = torch.empty_like(batch["item"][:, 0])
-        place_in_group = torch.empty_like(group_of)
+        group_of = torch.full_like(batch["item"][:, 0], -1)  # -1: a group not reached yet
+        place_in_group = torch.zeros_like(group_of)
         pieces, order = [], []
-        for g, (members, _) in enumerate(groups):
+        for g, (members, width) in enumerate(groups):
             group_of[members] = g
             place_in_group[members] = torch.arange(len(members), device=members.device)
-        for g, (members, width) in enumerate(groups):
             part = {name: batch[name][members, :width] for name in ENCODER_INPUTS
                     if name in batch}
             mine = (group_of[rows] == g).nonzero().squeeze(1)
