@@ -13,7 +13,8 @@ OUT/gpu.json as it goes, so a part that fails or runs out of time leaves the oth
   vocabulary enlarged to 10^3..10^6 (the extra items never occur as targets; the shared loss
   draws them as negatives, the exact loss scores them all): seconds a step after warm-up (CUDA
   synchronised), targets a second, peak GPU memory; loss auto (exact up to 25,000 items, shared
-  above) and exact; AMP off, bf16 and fp16.
+  above) and exact; AMP off, bf16 and fp16; item tables with dense AdamW, and where the loss is
+  shared also as the trainer runs them by default (sparse gradients, rows caught up).
 - ml100k: `torchrun --nproc-per-node 1 -m hvd_ctsm.train` with the default config and the
   backtest of the model it keeps, with amp=bf16 and amp=off alternating seed by seed (`--seeds`):
   test NDCG@10 (full and sampled), epochs, seconds.
@@ -38,6 +39,7 @@ from benchmarks.common import REPO, machine  # noqa: E402
 
 ITEMS = (1_000, 10_000, 100_000, 1_000_000)
 AMPS = ("off", "bf16", "fp16")
+ROWS = {"dense": "dense, AdamW", "lazy": "sparse, caught up"}  # step_cell's `rows`
 
 
 def gpu_info() -> dict:
@@ -80,19 +82,24 @@ def preload(data: Path, batches: int, device) -> tuple[list[dict], object]:
 
     cfg, dataset = load_config(), Dataset.open(data)
     url, meta = dataset.split("train"), dataset.meta
-    plan = replace(plan_epoch(url, 1, cfg.data.batch_size), steps=batches)
+    plan = plan_epoch(url, 1, cfg.data.batch_size)
+    plan = replace(plan, steps=min(batches, plan.steps))  # a small dataset: the batches it has
     rows = train_batches(url, 0, 1, 0, plan, cfg.data.batch_size, meta.max_len, seed=0)
     return [{k: v.to(device) for k, v in b.items()} for b in rows], dataset
 
 
 def step_cell(batches: list[dict], dataset, items: int, loss: str, amp: str, steps: int,
-              warmup: int, device) -> dict:
-    """One model at one catalog size: median seconds a step, targets/s, peak GPU memory."""
+              warmup: int, device, rows: str = "dense") -> dict:
+    """One model at one catalog size: median seconds a step, targets/s, peak GPU memory.
+    rows "dense": AdamW over dense item gradients; "lazy": the trainer's default with the
+    shared loss, sparse item gradients and the optimizer on the rows a step reads, caught up
+    (hvd_ctsm.train.lazy_rows), and every row settled after the last step."""
     import torch
 
     from hvd_ctsm.config import load_config
     from hvd_ctsm.model.ctsm import CTSM
     from hvd_ctsm.model.heads import resolve_loss
+    from hvd_ctsm.train import lazy_rows
     from hvd_ctsm.train.support import autocast_for, build_model_sizes
 
     cuda = device.type == "cuda"
@@ -100,7 +107,8 @@ def step_cell(batches: list[dict], dataset, items: int, loss: str, amp: str, ste
     cfg = load_config(None, [f"model.loss={loss}"])
     sizes = build_model_sizes(dataset)  # the data's own items, or more (never occurring ones)
     sizes = replace(sizes, num_items=max(items, sizes.num_items))
-    row = {"items": sizes.num_items, "loss": resolve_loss(loss, sizes.num_items + 1), "amp": amp}
+    row = {"items": sizes.num_items, "loss": resolve_loss(loss, sizes.num_items + 1), "amp": amp,
+           "rows": rows}
     torch.manual_seed(0)
     if cuda:
         torch.cuda.empty_cache()
@@ -109,6 +117,11 @@ def step_cell(batches: list[dict], dataset, items: int, loss: str, amp: str, ste
     try:
         model = CTSM(sizes, cfg.model).to(device).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        lazy = None
+        if rows == "lazy":
+            model.encoder.use_sparse_gradients()
+            tables = [m for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse]
+            lazy = lazy_rows.LazyRows(optimizer, tables)
         autocast, scaler = autocast_for(amp, device)
         times, losses = [], []
         for i in range(warmup + steps):
@@ -118,13 +131,21 @@ def step_cell(batches: list[dict], dataset, items: int, loss: str, amp: str, ste
             with autocast():
                 value = sum(model(batch).values())
             scaler.scale(value).backward()
+            scaler.unscale_(optimizer)
+            taken = lazy_rows.take_row_gradients([t.weight for t in tables]) if lazy else {}
+            scale = scaler.get_scale() if scaler.is_enabled() else 1.0
             scaler.step(optimizer)
             scaler.update()
+            if taken and (not scaler.is_enabled() or scaler.get_scale() >= scale):
+                lazy.step(taken)  # as the trainer: not after a step the scaler skipped
             optimizer.zero_grad(set_to_none=True)
             sync()
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
                 losses.append(value.item())
+        if lazy:  # every row brought up to the last step, as before a validation
+            lazy.settle()
+            row["settled_finite"] = bool(torch.isfinite(model.encoder.item.weight).all())
         step = statistics.median(times)
         targets = statistics.mean(len(b["target_item"]) for b in batches)
         row |= {"s_per_step": round(step, 5), "targets_per_s": round(targets / step),
@@ -144,14 +165,19 @@ def steps_part(data: Path, results: Results, budget: float, steps: int, warmup: 
                device, items: tuple[int, ...]) -> None:
     start = time.monotonic()
     batches, dataset = preload(data, 8, device)
-    cells = [(n, "auto", amp) for n in items for amp in AMPS]
-    cells += [(n, "full", "bf16") for n in items if n > 25_000]
-    for items, loss, amp in cells:
+    cells = [(n, "auto", amp, "dense") for n in items for amp in AMPS]
+    cells += [(n, "full", "bf16", "dense") for n in items if n > 25_000]
+    # The trainer's default path where the loss is shared (the dry run's largest catalog
+    # stands in for it there).
+    lazy_items = [n for n in items if n > 25_000] or list(items[-1:])
+    cells += [(n, "shared", amp, "lazy") for n in lazy_items for amp in ("bf16", "off")]
+    for items, loss, amp, rows in cells:
         if time.monotonic() - start > budget:
-            results.add("steps", {"items": items, "loss": loss, "amp": amp,
+            results.add("steps", {"items": items, "loss": loss, "amp": amp, "rows": rows,
                                   "error": f"skipped: the part's {budget:.0f} s were spent"})
             continue
-        results.add("steps", step_cell(batches, dataset, items, loss, amp, steps, warmup, device))
+        results.add("steps", step_cell(batches, dataset, items, loss, amp, steps, warmup, device,
+                                       rows))
 
 
 def ml100k_run(data: Path, out: Path, work: Path, amp: str, seed: int, timeout: float,
@@ -250,14 +276,17 @@ def render(p: dict) -> list[str]:
            "or Horovod installed (`scripts/gpu_check.sh`). " + p.get("note", ""), "",
            "**Training step by catalog size** (real ML-100K batches of 64 rows, about 5,200 "
            "targets; the vocabulary enlarged, one GPU; median of the timed steps):", "",
-           "| items | loss | AMP | s/step | targets/s | peak GPU GiB |",
-           "| ---: | --- | --- | ---: | ---: | ---: |"]
+           "| items | loss | AMP | item rows | s/step | targets/s | peak GPU GiB |",
+           "| ---: | --- | --- | --- | ---: | ---: | ---: |"]
     for r in p["steps"]:
+        rows = ROWS[r.get("rows", "dense")]  # results before 2026-11-28: dense
         if "error" in r:
-            out.append(f"| {r['items']:,} | {r['loss']} | {r['amp']} | {r['error']} | | |")
+            out.append(f"| {r['items']:,} | {r['loss']} | {r['amp']} | {rows} | {r['error']} "
+                       "| | |")
         else:
-            out.append(f"| {r['items']:,} | {r['loss']} | {r['amp']} | {r['s_per_step']:.4f} | "
-                       f"{r['targets_per_s']:,} | {r['peak_gib']:.2f} |")
+            peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"  # None: a CPU
+            out.append(f"| {r['items']:,} | {r['loss']} | {r['amp']} | {rows} | "
+                       f"{r['s_per_step']:.4f} | {r['targets_per_s']:,} | {peak} |")
     out += ["", "**ML-100K, the default config on one GPU** (`torchrun --nproc-per-node 1`, "
             "strict ties, effective batch 64, test split; seconds include torchrun's start):", "",
             "| AMP | seed | full NDCG@10 | full HR@10 | sampled NDCG@10 | epochs | train s |",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import (backends, comm, input_pipeline, model_search, quality, quality_report,
+from benchmarks import (backends, comm, gpu, input_pipeline, model_search, quality, quality_report,
                         report, scaling, spark_features, trainer_ab)
 from benchmarks.common import run_until
 
@@ -176,6 +176,21 @@ def test_backward_beyond_the_pair_is_a_share_of_the_step():
     pair = {"each": [{"epoch_seconds": 8.0, "steps": 10, "shares": {"backward": 0.5}},
                      {"epoch_seconds": 12.0, "steps": 10, "shares": {"backward": 0.25}}]}
     assert backends.backward_beyond_pair(run, pair) == pytest.approx((0.5 - 0.35) / 1.0)
+
+
+def test_the_gpu_checks_dry_run_trains_the_trainers_default_item_rows(tiny_features, tmp_path):
+    """The GPU check's step cells on the CPU (--cpu-dry-run: the script, not its numbers): the
+    shared loss with sparse gradients and rows caught up trains and settles finite tables."""
+    assert gpu.main(["--data", str(tiny_features), "--out", str(tmp_path), "--cpu-dry-run",
+                     "--parts", "steps"]) == 0
+    steps = json.loads((tmp_path / "gpu.json").read_text())["steps"]
+    lazy = [r for r in steps if r["rows"] == "lazy"]
+    assert {r["amp"] for r in lazy} == {"bf16", "off"} and all(r["loss"] == "shared" for r in lazy)
+    assert all(r["finite"] and r["settled_finite"] for r in lazy), lazy
+    # rendered beside the stored GPU run's description (this machine has no GPU to describe)
+    stored = json.loads((Path(gpu.__file__).parent / "results/gpu.json").read_text())
+    assert any(line.startswith("| 10,000 | shared | off | sparse, caught up |")
+               for line in gpu.render({**stored, "steps": steps}))
 
 
 def test_spark_feature_benchmark_quick(spark, tmp_path):
