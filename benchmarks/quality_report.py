@@ -33,7 +33,7 @@ if __package__ in (None, ""):
 
 from benchmarks import model_search  # noqa: E402
 from benchmarks.common import (ML100K, RESULTS, SHORT_HARD, SHORT_HISTORIES,  # noqa: E402
-                               SYNTHETIC, machine, run, spread, work_folder)
+                               SYNTHETIC, run, spread, work_folder)
 
 DATASETS = {  # name: (source with {ml100k}, feature job options)
     "ml-input-order": ("movielens:{ml100k}", ["--ties", "input-order"]),
@@ -123,15 +123,17 @@ def report(records: list[dict], datasets: dict, extra: list[str], seeds) -> str:
     lines = ["# Quality: CTSM vs the SASRec-style baseline vs popularity", "",
              f"Test split, leave-last-out, {RANKS} ranks; each model is the best validated "
              "epoch's. Median [min-max] over the seeds measured; a cell with fewer than "
-             f"{len(seeds)} seeds says so. Machine: {machine().get('cpu', '?')}.", "",
+             f"{len(seeds)} seeds says so. Machines: MACHINES.", "",
              "| data | model | seeds | full NDCG@10 | full HR@10 | sampled NDCG@10 | "
              "sampled HR@10 | sale AUC | train minutes | best epoch | minutes to it |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    machines = set()  # the cells' own: a cell's seeds may have run on different machines
     for data in datasets:
         popularity = None
         for model in MODELS:
             fingerprint = cell_fingerprint(data, cell_args(model, extra))
             rs = list(matching(records, data, fingerprint, seeds).values())
+            machines |= {r.get("machine", "not recorded") for r in rs}
             if not rs:
                 lines.append(f"| {data} | {model} | 0 of {len(seeds)} | not measured"
                              + " |" * 8)
@@ -150,6 +152,7 @@ def report(records: list[dict], datasets: dict, extra: list[str], seeds) -> str:
             lines.append(f"| {data} | popularity | - | {popularity['popularity_ndcg@10']:.4f} |  "
                          f"| {popularity['popularity_sampled_ndcg@10']:.4f} |  "
                          f"| {'-' if sale is None else f'{sale:.4f}'} | 0 | | |")
+    lines[2] = lines[2].replace("MACHINES", "; ".join(sorted(machines)) or "none yet")
     return "\n".join(lines) + "\n"
 
 
