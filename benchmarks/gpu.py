@@ -133,11 +133,7 @@ def step_cell(batches: list[dict], dataset, items: int, loss: str, amp: str, ste
             scaler.scale(value).backward()
             scaler.unscale_(optimizer)
             taken = lazy_rows.take_row_gradients([t.weight for t in tables]) if lazy else {}
-            scale = scaler.get_scale() if scaler.is_enabled() else 1.0
-            scaler.step(optimizer)
-            scaler.update()
-            if taken and (not scaler.is_enabled() or scaler.get_scale() >= scale):
-                lazy.step(taken)  # as the trainer: not after a step the scaler skipped
+            lazy_rows.scaled_step(scaler, optimizer, lazy, taken)  # the trainer's own
             optimizer.zero_grad(set_to_none=True)
             sync()
             if i >= warmup:

@@ -24,6 +24,7 @@ end where AdamW's end. The step count and both moments live where AdamW keeps th
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -49,6 +50,19 @@ def take_row_gradients(tables: list[torch.nn.Parameter]) -> dict[torch.nn.Parame
         rows[table] = (grad.indices()[0], grad.values())
         table.grad = None
     return rows
+
+
+def scaled_step(scaler, optimizer: torch.optim.Optimizer, lazy: LazyRows | None,
+                rows: dict[torch.nn.Parameter, RowGradient], stepping=contextlib.nullcontext):
+    """The AMP grad scaler's optimizer step (inside `stepping(optimizer)`, e.g. a backend's),
+    then the rows' own step, unless the scaler skipped this step for an inf or nan: it lowers
+    its scale when it does, and the rows must skip with it."""
+    scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+    with stepping(optimizer):
+        scaler.step(optimizer)
+    scaler.update()
+    if rows and (not scaler.is_enabled() or scaler.get_scale() >= scale):
+        lazy.step(rows)
 
 
 @torch.no_grad()

@@ -242,12 +242,8 @@ class Trainer:
             if cfg.optim.clip_grad_norm:  # the norm of the averaged gradient, before clipping
                 self.grad_norm = float(lazy_rows.clip_grad_norm_(
                     self.model.parameters(), list(rows.values()), cfg.optim.clip_grad_norm))
-            scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-            with backend.stepping(self.optimizer):
-                self.scaler.step(self.optimizer)
-            self.scaler.update()
-            if rows and (not self.scaler.is_enabled() or self.scaler.get_scale() >= scale):
-                self.lazy_rows.step(rows)  # (a step the scaler skipped lowered its scale)
+            lazy_rows.scaled_step(self.scaler, self.optimizer, self.lazy_rows, rows,
+                                  backend.stepping)
             self.optimizer.zero_grad()  # Horovod's takes no set_to_none
             self.scheduler.step()
             if self.average:
