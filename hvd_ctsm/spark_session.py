@@ -54,12 +54,12 @@ def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **
     from pyspark.sql import SparkSession
 
     settings = {**DEFAULT_CONF, "spark.executorEnv.PYTHONWARNINGS": _worker_warnings(),
-                **{_key(k): str(v) for k, v in conf.items()}}
+                **{setting_name(k): str(v) for k, v in conf.items()}}
     active = SparkSession.getActiveSession()
     if active is not None:
         for key, value in conf.items():
             try:
-                active.conf.set(_key(key), str(value))
+                active.conf.set(setting_name(key), str(value))
             except Exception:  # static settings cannot change on a running session
                 pass
         return active
@@ -100,5 +100,6 @@ def resolve_master(requested: str | None, local_default: str = "local[*]") -> st
 
 
 
-def _key(name: str) -> str:
+def setting_name(name: str) -> str:
+    """A Spark setting's name from a keyword argument's (spark_sql_shuffle_partitions)."""
     return name.replace("_", ".") if "." not in name else name

@@ -323,16 +323,13 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"hvd-ctsm-features: bad arguments: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from spark_jobs.driver_heap import local_heap_conf
-    from spark_jobs.session import ExecutorPythonError, get_spark, resolve_master
+    from spark_jobs.driver_heap import sized_spark
+    from spark_jobs.session import ExecutorPythonError, resolve_master
 
     try:  # an output we may not write stops here, before Spark starts (about 10 s)
         check_output(config)
-        conf = dict(kv.split("=", 1) for kv in args.conf)
-        heap, said = local_heap_conf(config.source, resolve_master(args.master), conf)
-        if said:
-            print(f"hvd-ctsm-features: {said}", file=sys.stderr)
-        spark = get_spark(master=args.master, **conf, **heap)
+        spark = sized_spark(config.source, resolve_master(args.master), "hvd-ctsm-features",
+                            dict(kv.split("=", 1) for kv in args.conf))
         summary = build_features(spark, config)
     except ExecutorPythonError as err:  # the executors' Python cannot run the job: 3
         print(f"hvd-ctsm-features: error: {err}", file=sys.stderr)

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from hvd_ctsm.files import storage
+from hvd_ctsm.spark_session import STARTUP_CONF, setting_name
 
-DEFAULT_GB = 4  # hvd_ctsm.spark_session.STARTUP_CONF
+SETTING = "spark.driver.memory"
+DEFAULT_GB = int(STARTUP_CONF[SETTING].removesuffix("g"))  # what every session we start gets
 GB_PER_MILLION_EVENTS = 0.32
 MACHINE_SHARE = 0.7
 # Bytes an event takes on disk, on the small side so that a file's events are not undercounted
@@ -29,7 +32,6 @@ MACHINE_SHARE = 0.7
 # CSV and 8.7 as Parquet).
 TEXT_BYTES_PER_EVENT = 20
 PARQUET_BYTES_PER_EVENT = 8
-SETTING = "spark.driver.memory"
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def local_heap_conf(source: str, master: str | None, conf: dict) -> tuple[dict, 
     start its own session on `master` (already resolved: None under spark-submit)."""
     from pyspark.sql import SparkSession
 
-    asked = any(key.replace("_", ".") == SETTING for key in conf)
+    asked = any(setting_name(key) == SETTING for key in conf)
     if asked or master is None or not master.startswith("local"):
         return {}, None
     if SparkSession.getActiveSession() is not None:
@@ -125,3 +127,16 @@ def local_heap_conf(source: str, master: str | None, conf: dict) -> tuple[dict, 
     if choice.gb == DEFAULT_GB and choice.wanted_gb == DEFAULT_GB:
         return {}, None
     return {SETTING: choice.setting}, choice.message((machine or 0) / 2**30)
+
+
+def sized_spark(source: str, master: str | None, prog: str, conf: dict | None = None,
+                **options):
+    """get_spark(master, **options, **conf), with the driver heap local_heap_conf chooses for
+    `source` (`master` already resolved), said in one line on stderr under `prog`'s name."""
+    conf = dict(conf or {})
+    heap, said = local_heap_conf(source, master, conf)
+    if said:
+        print(f"{prog}: {said}", file=sys.stderr)
+    from spark_jobs import session  # the jobs' one way to a session
+
+    return session.get_spark(master=master, **options, **conf, **heap)

@@ -186,15 +186,12 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"pipeline: bad arguments: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from spark_jobs.driver_heap import local_heap_conf
-    from spark_jobs.session import get_spark, resolve_master
+    from spark_jobs.driver_heap import sized_spark
+    from spark_jobs.session import resolve_master
 
     # Under spark-submit the master comes from its --master (the JVM is already configured).
     master = resolve_master(args.master, local_default=f"local[{cfg.num_proc}]")
-    heap, said = local_heap_conf(cfg.source, master, {})
-    if said:
-        print(f"[pipeline] {said}", file=sys.stderr)
-    spark = get_spark(master=master, app_name="hvd_ctsm-pipeline", **heap)
+    spark = sized_spark(cfg.source, master, "[pipeline]", app_name="hvd_ctsm-pipeline")
     return run_pipeline(spark, cfg)
 
 
