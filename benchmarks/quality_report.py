@@ -5,20 +5,19 @@
     python benchmarks/quality_report.py --run --only short       # one dataset's missing cells
     python benchmarks/quality_report.py --quick --out DIR        # smoke run: tiny data, one seed
 
-A full run trains up to 30 cells of 10-30 minutes each on 2 cores (hours): cells already in the
+A full run trains up to 36 cells of 10-30 minutes each on 2 cores (hours): cells already in the
 log are reused, so it can be stopped and started again.
 
 Cells: {ML-100K with input-order ties, ML-100K with strict ties, the synthetic set, short purchase
-histories (synthetic), the same with weaker sequences} x {CTSM with no overrides, `--config
-sasrec`} x seeds 0, 1, 2, each trained under `horovodrun -np 2` by model_search.run_trial and
-backtested on the test split (the saved model is the best validated one). A logged trial counts for
-a cell when its resolved trainer config, read back through today's config classes, equals the
+histories (synthetic), the same with weaker sequences, weaker still} x {CTSM with no overrides,
+`--config sasrec`} x seeds 0, 1, 2, each trained under `horovodrun -np 2` by model_search.run_trial
+and backtested on the test split (the saved model is the best validated one). A logged trial counts
+for a cell when its resolved trainer config, read back through today's config classes, equals the
 cell's (so results survive added settings whose defaults keep the old behaviour, and never count
 after a default changed); trials go to the model search's log (results/model_search.jsonl), so its
-trials of the same settings count too.
-The report gives, per cell, the median and [min-max] over seeds of full and sampled
-NDCG@10/HR@10, the train minutes, and the time to quality (the kept epoch and the minutes to
-it), with popularity beside them, and the seeds it has.
+trials of the same settings count too. The report gives, per cell, the median and [min-max] over
+seeds of full and sampled NDCG@10/HR@10, the train minutes, and the time to quality (the kept epoch
+and the minutes to it), with popularity beside them, and the seeds it has.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ if __package__ in (None, ""):
 
 from benchmarks import model_search  # noqa: E402
 from benchmarks.common import (ML100K, RESULTS, SHORT_HARD, SHORT_HISTORIES,  # noqa: E402
-                               SYNTHETIC, run, spread, work_folder)
+                               SHORT_WEAK, SYNTHETIC, run, spread, work_folder)
 
 DATASETS = {  # name: (source with {ml100k}, feature job options)
     "ml-input-order": ("movielens:{ml100k}", ["--ties", "input-order"]),
@@ -45,6 +44,7 @@ DATASETS = {  # name: (source with {ml100k}, feature job options)
     # every item of which appears (a long sparse tail), purchases only (no ratings to label).
     "short": (SHORT_HISTORIES, []),
     "short-hard": (SHORT_HARD, []),  # the same, with weaker sequences
+    "short-weak": (SHORT_WEAK, []),  # weaker still: the last items say little about the next
 }
 ML100K_ITEMS = 1682  # MovieLens 100K's catalog (its README)
 MODELS = {"ctsm": [], "sasrec": ["--config", "sasrec"]}
