@@ -98,6 +98,9 @@ def _fingerprint(values: dict, items: int | None = None) -> str:
         model = values["model"] = dict(values["model"])
         model["loss"] = resolve_loss(model["loss"], items, model["future_targets"],
                                      model["uniform_bce_weight"])
+    if values["model"]["loss"] not in ("shared", "auto"):
+        # only the shared loss draws them: a full-softmax trial is the same whatever they were
+        values["model"] = {k: v for k, v in values["model"].items() if k != "shared_negatives"}
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -331,3 +331,17 @@ def test_a_trial_stopped_for_time_is_stopped_with_its_launchers_workers(tmp_path
         time.sleep(0.1)
     else:
         pytest.fail("the launcher's child outlived the stop")
+
+
+def test_the_shared_negatives_count_only_tell_trials_apart_where_the_shared_loss_trains():
+    from hvd_ctsm.config import load_config, to_dict
+
+    logged = {"config": to_dict(load_config(None, ["data.path=x", "model.shared_negatives=2048"]))}
+    assert model_search.record_fingerprint(logged, items=1682) == model_search.config_fingerprint(
+        ["model.shared_negatives=1024"], items=1682)
+    shared = {"config": to_dict(load_config(None, ["data.path=x", "model.loss=shared",
+                                                   "model.shared_negatives=2048"]))}
+    assert model_search.record_fingerprint(shared) != model_search.config_fingerprint(
+        ["model.loss=shared", "model.shared_negatives=1024"])
+    assert model_search.record_fingerprint(logged, items=10**6) != model_search.config_fingerprint(
+        ["model.shared_negatives=1024"], items=10**6)
