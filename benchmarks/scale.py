@@ -52,6 +52,7 @@ def probe(loss: str, items: int, repeats: int = 3) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from hvd_ctsm.config import ModelConfig
     from hvd_ctsm.model import catalog
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -72,7 +73,7 @@ def probe(loss: str, items: int, repeats: int = 3) -> dict:
                                                   seen)
         elif loss == "shared":
             value = catalog.shared_sampled_softmax(states, target, lambda ids: table[ids], bias,
-                                                   seen, 2048,
+                                                   seen, ModelConfig().shared_negatives,
                                                    frequency.update(target).probability)
         else:  # the dense loss as it was: first-seen positions over the whole catalog
             first = torch.full((windows, items), length, dtype=torch.long)
