@@ -333,7 +333,7 @@ def test_a_trial_stopped_for_time_is_stopped_with_its_launchers_workers(tmp_path
         pytest.fail("the launcher's child outlived the stop")
 
 
-def test_the_shared_negatives_count_only_tell_trials_apart_where_the_shared_loss_trains():
+def test_the_shared_negatives_count_tells_trials_apart_only_where_the_shared_loss_trains():
     from hvd_ctsm.config import load_config, to_dict
 
     logged = {"config": to_dict(load_config(None, ["data.path=x", "model.shared_negatives=2048"]))}
