@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -153,12 +154,29 @@ def launcher(engine: str, np: int) -> list[str]:
 def train_cell(data: Path, work: Path, engine: str, np: int, steps: int,
                trainer: tuple[str, ...] | list[str] = ()) -> dict:
     out = work / f"run-{engine}-np{np}"
-    cmd = [*launcher(engine, np), "-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out),
-           "--overwrite", "--epochs", "1", f"max_steps={steps}", "log_every_steps=1",
-           "progress=false", NO_TRACKING, *trainer]
+
+    def trainer_cmd(launch: list[str], out: Path) -> list[str]:
+        return [*launch, "-m", "hvd_ctsm.train", "--data", str(data), "--out", str(out),
+                "--overwrite", "--epochs", "1", f"max_steps={steps}", "log_every_steps=1",
+                "progress=false", NO_TRACKING, *trainer]
+
+    if engine == "pair":
+        # Two one-process runs at once, one thread each, nothing exchanged between them: what
+        # np=2 costs on this machine besides its collectives (shared caches, memory bandwidth).
+        outs = [out.with_name(f"{out.name}-{side}") for side in "ab"]
+        one = [shlex.join(trainer_cmd([sys.executable], o) + ["dist.threads_per_rank=1"])
+               for o in outs]
+        cmd = ["bash", "-c", f"{one[0]} & a=$!; {one[1]} & b=$!; wait $a; s=$?; wait $b && "
+               "exit $s"]
+    else:
+        outs = [out]
+        cmd = trainer_cmd(launcher(engine, np), out)
     watched = watch(cmd, work / f"train-{engine}-np{np}.log", timeout=3600)
-    steps_log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    timed = steps_log[2:] or steps_log  # the first steps open readers and warm up
+    timed = []
+    for o in outs:
+        steps_log = [json.loads(line) for line in (o / "train_log.jsonl").read_text()
+                     .splitlines()]
+        timed += steps_log[2:] or steps_log  # the first steps open readers and warm up
     return {"engine": engine, "np": np, "seconds_per_step": median(
         [s["time/step_seconds"] for s in timed]), "rows_per_s": median(
         [s["samples_per_s"] for s in timed]), "exchange_mb": median(
@@ -215,7 +233,9 @@ def main(argv=None) -> int:
     p.add_argument("--events", type=int, default=2_000_000)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3, help="part loss: timed repeats per cell")
-    p.add_argument("--engines", default="torch,horovod")
+    p.add_argument("--engines", default="torch,horovod",
+                   help="part train, besides one process: torch, horovod (np=2 each) and pair "
+                        "(two one-process runs at once, one thread each, no collectives)")
     p.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
     p.add_argument("--no-serve", dest="serve", action="store_false",
                    help="part train: no backtest or scoring, the training steps alone")
