@@ -82,7 +82,7 @@ class OptimConfig:
     other parameter. A rare item's vector is pushed by the few events it is the target of and
     barely pulled back by the softmax, where it is a negative of tiny probability; decay pulls
     it back towards zero, which leaves its score to the item bias (its popularity). 5 validated
-    higher (3 seeds each, full and sampled NDCG@10) at about 6 training targets an item and on
+    higher (3 seeds each, full and sampled NDCG@10) at 5-7 training targets an item and on
     ML-100K (58); at 9, 14 and 70 it cost full NDCG@10 (0.001 at 9; at 9 and 14 it raised
     sampled NDCG@10 by 0.03 and 0.01), and on the synthetic set (192) too: no default by
     targets per item held, so it is an option for sparse purchase logs (benchmarks/QUALITY.md,
