@@ -14,6 +14,7 @@ process with no process group.
 
 from __future__ import annotations
 
+import inspect
 import os
 from contextlib import nullcontext
 
@@ -25,6 +26,16 @@ from torch.nn.parallel import DistributedDataParallel
 from hvd_ctsm.distributed.base import Backend, BackendError, create_optimizer_state, set_threads
 
 DDP_BUCKET_MB = 25.0  # DDP's own default bucket size, used when dist.fusion_threshold_mb is None
+
+# DDP broadcasts every buffer from rank 0 at the start of each training forward, by default. The
+# model's buffers are lookups made from the dataset's metadata (an item's tags, a place's row),
+# the same on every rank and never trained: at 10^6 items about 12 MB broadcast a step, and a
+# wait for rank 0 before every forward. Built the same on every rank, they still sync once at
+# start (torch >= 2.13's forward_sync_buffers=False keeps that; its broadcast_buffers=False,
+# for older torch, skips it, harmless here). tests/unit/test_model.py holds them constant.
+NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                  if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                  else {"broadcast_buffers": False})
 
 
 def check_options(cfg) -> None:
@@ -79,7 +90,7 @@ class TorchBackend(Backend):
         if not self.launched:
             return model, optimizer
         net = DistributedDataParallel(model, device_ids=[self._local_rank] if self.cuda else None,
-                                      bucket_cap_mb=self.bucket_mb)
+                                      bucket_cap_mb=self.bucket_mb, **NO_BUFFER_SYNC)
         if cfg.compression == "fp16":
             net.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return net, optimizer

@@ -299,6 +299,31 @@ def test_losses_are_finite_and_train(loss):
     assert float(total.detach()) < first * 0.7
 
 
+
+@pytest.mark.parametrize("loss", ["full", "shared"])
+def test_buffers_are_lookups_that_training_never_changes(loss):
+    """The DDP backend does not broadcast buffers each step (torch_backend.NO_BUFFER_SYNC): that
+    is right only while every buffer is built from the dataset's metadata and never changes."""
+    torch.manual_seed(0)
+    m = ctsm(dim=16, layers=1, heads=2, loss=loss, item_category=True, item_tags=True,
+             position_buckets=4).train()
+    before = {name: b.clone() for name, b in m.named_buffers()}
+    assert {name.rsplit(".", 1)[-1] for name in before} >= {
+        "place_to_row", "item_to_category", "item_to_tags", "tag_share"}
+    assert not set(before) & set(m.state_dict())  # none saved: each rank builds its own
+    batch, _ = make_batch()
+    batch |= {"target_row": torch.tensor([0, 1, 2]), "target_pos": torch.tensor([11, 6, 2]),
+              "target_item": torch.tensor([4, 9, 7]), "target_label": torch.ones(3),
+              "target_log_dt": torch.zeros(3)}
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    for _ in range(3):
+        total = sum(m(batch).values())
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+    for name, b in m.named_buffers():
+        assert torch.equal(b, before[name]), name
+
 def test_score_and_recommend():
     m = model()
     batch, lengths = make_batch()
