@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -121,7 +123,10 @@ def watch(cmd: list[str], log: Path, timeout: float) -> dict:
     peaks: dict[int, int] = {}
     start = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env())
+        # A session of its own: on a timeout its whole tree goes (the launcher's ranks, both
+        # trainers of `pair`), not only the launcher or the shell that started them.
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env(),
+                                start_new_session=True)
         root = psutil.Process(proc.pid)
         while proc.poll() is None:
             for p in [root, *root.children(recursive=True)]:
@@ -131,7 +136,8 @@ def watch(cmd: list[str], log: Path, timeout: float) -> dict:
                 except psutil.Error:
                     pass
             if time.perf_counter() - start > timeout:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
                 raise RuntimeError(f"{cmd[:3]} ran over {timeout} s (log: {log})")
             time.sleep(0.2)
     if proc.returncode != 0:
@@ -178,12 +184,32 @@ def train_cell(data: Path, work: Path, engine: str, np: int, steps: int,
                      .splitlines()]
         timed += steps_log[2:] or steps_log  # the first steps open readers and warm up
     return {"engine": engine, "np": np, "seconds_per_step": median(
-        [s["time/step_seconds"] for s in timed]), "rows_per_s": median(
+        [s["time/step_seconds"] for s in timed]), "phase_seconds": phase_seconds(timed),
+        "rows_per_s": median(
         [s["samples_per_s"] for s in timed]), "exchange_mb": median(
         [s["exchange/mb"] for s in timed]), "dense_exchange_mb": timed[0]["exchange/dense_mb"],
         "peak_rss_gb_by_rank": watched["peak_rss_gb"][:np], "wall_seconds": watched["seconds"],
         "loss_log": [line for line in (work / f"train-{engine}-np{np}.log").read_text()
                      .splitlines() if "next-item loss" in line][:1]}
+
+
+def phase_seconds(timed: list[dict]) -> dict[str, float]:
+    """Rank 0's seconds a step in each phase of the trainer's step timer (median over steps).
+    Under DDP the gradient exchange and any wait for the other rank are inside "backward"."""
+    return {key.split("/", 1)[1]: median([s["time/step_seconds"] * s[key] for s in timed])
+            for key in timed[0] if key.startswith("time_share/")}
+
+
+def repeated(rounds: list[dict]) -> dict:
+    """One cell run `len(rounds)` times in turn: its medians, and each round's step time."""
+    last = dict(rounds[-1])
+    if len(rounds) > 1:
+        last["seconds_per_step"] = median([r["seconds_per_step"] for r in rounds])
+        last["rows_per_s"] = median([r["rows_per_s"] for r in rounds])
+        last["phase_seconds"] = {k: median([r["phase_seconds"][k] for r in rounds])
+                                 for k in last["phase_seconds"]}
+        last["round_seconds_per_step"] = [r["seconds_per_step"] for r in rounds]
+    return last
 
 
 def serve_cells(data: Path, work: Path, model: Path) -> dict:
@@ -198,23 +224,28 @@ def serve_cells(data: Path, work: Path, model: Path) -> dict:
 
 def train_part(items: list[int], clients: int, events: int, steps: int, engines: list[str],
                work: Path, row_groups: int = 64, serve: bool = True,
-               variants: tuple[str, ...] = ("",)) -> list[dict]:
+               variants: tuple[str, ...] = ("",), rounds: int = 1,
+               features: Path | None = None) -> list[dict]:
     cells = []
     for n in items:
         source = f"synthetic:clients={clients},items={n},events={events},seed=7,cover=1"
-        data = work / f"data-{n}"
+        data = (features or work) / f"data-{n}"
         start = time.perf_counter()
         build_features(source, data, work / f"features-{n}.log", max_len=50, row_groups=row_groups)
         meta = json.loads((data / "metadata.json").read_text())
         cell = {"items": n, "vocab_items": meta["vocab"]["items"], "clients": clients,
                 "events": events, "features_seconds": round(time.perf_counter() - start, 1),
                 "runs": []}
-        for engine, np in [("single", 1)] + [(e, 2) for e in engines]:
-            for variant in variants:  # in turn, so that they share the machine's moments
-                run = train_cell(data, work, engine, np, steps, variant.split())
-                cell["runs"].append(run | ({"variant": variant} if variant else {}))
-                print(f"[scale] train items {n:>9,} {engine} np={np} {variant}: {run}",
-                      flush=True)
+        runs: dict[tuple, list[dict]] = {}
+        for _ in range(rounds):  # every cell in turn, round after round: the same moments
+            for engine, np in [("single", 1)] + [(e, 2) for e in engines]:
+                for variant in variants:
+                    run = train_cell(data, work, engine, np, steps, variant.split())
+                    runs.setdefault((engine, np, variant), []).append(run)
+                    print(f"[scale] train items {n:>9,} {engine} np={np} {variant}: {run}",
+                          flush=True)
+        cell["runs"] = [repeated(r) | ({"variant": key[2]} if key[2] else {})
+                        for key, r in runs.items()]
         if serve:
             cell |= serve_cells(data, work, work / f"run-{engines[0]}-np2")
             print(f"[scale] serve items {n:>9,}: backtest {cell['backtest']}, "
@@ -242,6 +273,11 @@ def main(argv=None) -> int:
     p.add_argument("--variant", action="append", default=None, metavar="OVERRIDES",
                    help="part train: space-separated trainer overrides, each run once per "
                         "variant (repeatable; default: the default config)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="part train: run every cell this many times in turn; medians reported")
+    p.add_argument("--features", type=Path, default=None,
+                   help="part train: build the datasets here and reuse those already built "
+                        "(default: a temporary folder)")
     p.add_argument("--name", default=None, help="results NAME.json, .png (default: scale)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -252,7 +288,8 @@ def main(argv=None) -> int:
     if args.quick:
         items, args.clients, args.events, args.steps = [4000], 300, 9000, 3
     payload: dict = {"sizes": {"items": items, "clients": args.clients, "events": args.events,
-                               "steps": args.steps}, "variants": args.variant or [""]}
+                               "steps": args.steps, "rounds": args.rounds},
+                     "variants": args.variant or [""]}
     if args.only in (None, "loss"):
         payload["loss"] = loss_part(items, args.repeats)
     if args.only in (None, "train"):
@@ -260,7 +297,8 @@ def main(argv=None) -> int:
             payload["train"] = train_part(items, args.clients, args.events, args.steps,
                                           args.engines.split(","), work,
                                           row_groups=8 if args.quick else 64,
-                                          serve=args.serve, variants=tuple(args.variant or [""]))
+                                          serve=args.serve, variants=tuple(args.variant or [""]),
+                                          rounds=args.rounds, features=args.features)
     name = args.name or ("scale_quick" if args.quick else "scale")
     path = save(name, payload, args.out)
     plot(payload, args.out / f"{name}.png")

@@ -16,7 +16,7 @@ RANK_BOUND_GB = 3.0
 
 
 def test_scale_benchmark_quick_measures_every_cell(tmp_path):
-    assert scale.main(["--quick", "--engines", "torch", "--out", str(tmp_path)]) == 0
+    assert scale.main(["--quick", "--engines", "torch,pair", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "scale_quick.json").read_text())
     assert (tmp_path / "scale_quick.png").stat().st_size > 0
     assert "| 4,000 | torch np=2 |" in "\n".join(scale.render(result))
@@ -24,9 +24,13 @@ def test_scale_benchmark_quick_measures_every_cell(tmp_path):
     assert all(c["seconds"] > 0 for c in result["loss"])
     for cell in result["train"]:
         assert cell["vocab_items"] == cell["items"] + 1  # cover=1: every item, plus padding
-        assert [(r["engine"], r["np"]) for r in cell["runs"]] == [("single", 1), ("torch", 2)]
+        assert [(r["engine"], r["np"]) for r in cell["runs"]] == [
+            ("single", 1), ("torch", 2), ("pair", 2)]
         assert all(r["exchange_mb"] > 0 and len(r["peak_rss_gb_by_rank"]) == r["np"]
                    for r in cell["runs"])
+        for r in cell["runs"]:  # the step's phases, which add up to the step
+            assert set(r["phase_seconds"]) >= {"data", "forward", "backward", "step"}
+            assert 0 < sum(r["phase_seconds"].values()) <= 1.5 * r["seconds_per_step"]
         assert cell["backtest"]["seconds"] > 0 and cell["score"]["seconds"] > 0
 
 
