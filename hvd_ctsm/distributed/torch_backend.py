@@ -48,6 +48,20 @@ def check_options(cfg) -> None:
                            "sum already; leave it at 1.0 with dist.backend=torch")
 
 
+def optimizer_layout(optimizer, params: list) -> dict:
+    """The optimizer's settings by group and, for each parameter's state, its plain values and
+    its tensors' shape, dtype and place (on the parameter's device or the CPU), not their data."""
+    def entry(param, value):
+        if not torch.is_tensor(value):
+            return ("value", value)
+        return ("tensor", value.shape, value.dtype, value.device == param.device)
+
+    return {"groups": [{k: v for k, v in g.items() if k != "params"}
+                       for g in optimizer.param_groups],
+            "states": [{key: entry(p, value) for key, value in optimizer.state[p].items()}
+                       for p in params]}
+
+
 class TorchBackend(Backend):
     """torch.distributed: the model is wrapped in DDP; the optimizer is the plain one."""
 
@@ -131,9 +145,35 @@ class TorchBackend(Backend):
         for tensor in model.state_dict().values():  # views of the parameters and buffers
             td.broadcast(tensor, src=0)
         create_optimizer_state(optimizer)
-        state = self.broadcast_object(optimizer.state_dict() if self.is_root() else None)
-        if not self.is_root():
-            optimizer.load_state_dict(state)
+        self._broadcast_optimizer_state(optimizer)
+
+    def _broadcast_optimizer_state(self, optimizer) -> None:
+        """Rank 0's optimizer state on every rank, tensor by tensor in place. Pickled whole (as
+        broadcast_object does) it was held two or three times over on each rank at once: 1.5 GB
+        more a rank at 10^6 items, the two moments of the item table. Its layout goes first, as
+        an object: only rank 0 read a resumed checkpoint."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        layout = self.broadcast_object(optimizer_layout(optimizer, params)
+                                       if self.is_root() else None)
+        for group, settings in zip(optimizer.param_groups, layout["groups"], strict=True):
+            group.update(settings)
+        for param, entries in zip(params, layout["states"], strict=True):
+            state = optimizer.state[param]
+            for key in set(state) - set(entries):
+                del state[key]
+            for key, entry in sorted(entries.items()):
+                if entry[0] == "value":
+                    state[key] = entry[1]
+                    continue
+                _, shape, dtype, on_param_device = entry
+                mine = state.get(key)
+                if not (torch.is_tensor(mine) and mine.shape == shape and mine.dtype == dtype):
+                    mine = state[key] = torch.empty(  # AdamW keeps its step count on the CPU
+                        shape, dtype=dtype, device=param.device if on_param_device else "cpu")
+                wire = self._wire(mine)
+                td.broadcast(wire, src=0)
+                if wire is not mine:
+                    mine.copy_(wire)
 
     def shutdown(self) -> None:
         if self.launched and td.is_initialized():
