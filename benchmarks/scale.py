@@ -233,6 +233,9 @@ def train_part(items: list[int], clients: int, events: int, steps: int, engines:
         start = time.perf_counter()
         build_features(source, data, work / f"features-{n}.log", max_len=50, row_groups=row_groups)
         meta = json.loads((data / "metadata.json").read_text())
+        if meta["source"] != source:  # a dataset kept in --features by another run's sizes
+            raise SystemExit(f"scale: {data} was built from {meta['source']}, not {source}: "
+                             "give another --features folder")
         cell = {"items": n, "vocab_items": meta["vocab"]["items"], "clients": clients,
                 "events": events, "features_seconds": round(time.perf_counter() - start, 1),
                 "runs": []}

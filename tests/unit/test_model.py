@@ -299,7 +299,6 @@ def test_losses_are_finite_and_train(loss):
     assert float(total.detach()) < first * 0.7
 
 
-
 @pytest.mark.parametrize("loss", ["full", "shared"])
 def test_buffers_are_lookups_that_training_never_changes(loss):
     """The DDP backend does not broadcast buffers each step (torch_backend.NO_BUFFER_SYNC): that

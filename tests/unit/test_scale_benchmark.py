@@ -21,3 +21,13 @@ def test_rounds_report_their_medians_and_each_rounds_step_time():
     assert run["phase_seconds"] == {"forward": pytest.approx(0.1)}
     assert run["round_seconds_per_step"] == [0.3, 0.1, 0.2]
     assert scale.repeated(rounds[:1]) == rounds[0]  # one round: the run as it was
+
+
+def test_a_kept_dataset_of_other_sizes_is_refused_not_reused(tmp_path):
+    kept = tmp_path / "data-1000"
+    kept.mkdir()
+    (kept / "metadata.json").write_text(
+        '{"source": "synthetic:clients=300,items=1000,events=9000,seed=7,cover=1"}')
+    with pytest.raises(SystemExit, match="was built from .*clients=300.* give another"):
+        scale.train_part([1000], clients=20_000, events=2_000_000, steps=3, engines=[],
+                         work=tmp_path / "work", features=tmp_path)
