@@ -6,6 +6,8 @@ catalog grows from 10^3 to 10^6 items, clients and events fixed.
     python benchmarks/scale.py --quick --out DIR    # CI's tiny version
     python benchmarks/scale.py --only train --items 1000,1000000 --no-serve --name scale_ab \
         --variant "optim.lazy_rows=false" --variant "optim.lazy_rows=true"   # steps, side by side
+    python benchmarks/scale.py --only train --items 1000,1000000 --engines torch,horovod,pair \
+        --variant dist.threads_per_rank=1 --no-serve --rounds 3 --features DIR --name scale_phases
 
 Part `loss` (one fresh process per cell, so its peak memory is its own): one next-item loss
 forward and backward for a batch of 2,950 targets (a default batch's per rank) from 128 windows
@@ -17,7 +19,9 @@ Part `train`: the real feature job (synthetic, cover=1: exactly `items` items) a
 trainer for a few steps at np=1 and np=2 under each engine with the default config, then the
 full-ranking backtest and top-K scoring of every client: seconds per step, rows/s, peak RSS per
 rank, gradient bytes a rank exchanges per step (and a dense exchange's), backtest and scoring
-seconds and peak RSS.
+seconds and peak RSS, and each run's seconds a step by phase (data, forward, backward, allreduce
+wait, optimizer step; under DDP the exchange is inside backward). `--rounds N` runs every cell N
+times in turn and reports medians; `--features DIR` keeps the built datasets for the next run.
 """
 
 from __future__ import annotations
