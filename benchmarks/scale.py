@@ -198,8 +198,9 @@ def train_cell(data: Path, work: Path, engine: str, np: int, steps: int,
 
 
 def phase_seconds(timed: list[dict]) -> dict[str, float]:
-    """Rank 0's seconds a step in each phase of the trainer's step timer (median over steps).
-    Under DDP the gradient exchange and any wait for the other rank are inside "backward"."""
+    """Seconds a step in each phase of the trainer's step timer, median over the logged steps
+    (each the ranks' mean, as the trainer logs it). Under DDP the gradient exchange and any wait
+    for the other rank are inside "backward"."""
     return {key.split("/", 1)[1]: median([s["time/step_seconds"] * s[key] for s in timed])
             for key in timed[0] if key.startswith("time_share/")}
 
