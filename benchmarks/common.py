@@ -127,23 +127,27 @@ def machine() -> dict:
                 break
     except OSError:
         pass
+    import torch
+
+    return {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": commit_of(REPO), "cpu": cpu, "cores": os.cpu_count(),
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
+            "os": platform.platform(terse=True), "python": platform.python_version(),
+            "torch": torch.__version__, "load_avg_1min": round(os.getloadavg()[0], 2)}
+
+
+def commit_of(checkout: Path) -> str:
+    """The checkout's commit, "+changes" when its code differs from it; "unknown" outside git."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO,
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=checkout,
                                 capture_output=True, text=True, check=True).stdout.strip()
         # The benchmarks' own outputs are tracked: writing them does not make the code dirty.
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
                                 ".", ":!benchmarks/results", ":!benchmarks/RESULTS.md"],
-                               cwd=REPO, capture_output=True, text=True).stdout.strip()
-        commit += "+changes" if dirty else ""
+                               cwd=checkout, capture_output=True, text=True).stdout.strip()
+        return commit + ("+changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    import torch
-
-    return {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": commit, "cpu": cpu, "cores": os.cpu_count(),
-            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
-            "os": platform.platform(terse=True), "python": platform.python_version(),
-            "torch": torch.__version__, "load_avg_1min": round(os.getloadavg()[0], 2)}
+        return "unknown"
 
 
 def median(values) -> float:

@@ -122,15 +122,18 @@ def loss_part(items: list[int], repeats: int = 3) -> list[dict]:
     return cells
 
 
-def watch(cmd: list[str], log: Path, timeout: float) -> dict:
-    """Run `cmd` (its output to `log`), polling the peak RSS of each process in its tree."""
+def watch(cmd: list[str], log: Path, timeout: float, checkout: Path | None = None) -> dict:
+    """Run `cmd` (its output to `log`), polling the peak RSS of each process in its tree; with
+    `checkout`, from that checkout's code (another revision's) instead of this one's."""
     peaks: dict[int, int] = {}
     start = time.perf_counter()
     with open(log, "w") as out:
         # A session of its own: on a timeout its whole tree goes (the launcher's ranks, both
         # trainers of `pair`), not only the launcher or the shell that started them.
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env(),
-                                start_new_session=True)
+        code = {"cwd": checkout, "env": env() | {"PYTHONPATH": str(checkout)}} if checkout \
+            else {"env": env()}
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, **code)
         root = psutil.Process(proc.pid)
         while proc.poll() is None:
             for p in [root, *root.children(recursive=True)]:
@@ -162,7 +165,7 @@ def launcher(engine: str, np: int) -> list[str]:
 
 
 def train_cell(data: Path, work: Path, engine: str, np: int, steps: int,
-               trainer: tuple[str, ...] | list[str] = ()) -> dict:
+               trainer: tuple[str, ...] | list[str] = (), checkout: Path | None = None) -> dict:
     out = work / f"run-{engine}-np{np}"
 
     def trainer_cmd(launch: list[str], out: Path) -> list[str]:
@@ -181,7 +184,7 @@ def train_cell(data: Path, work: Path, engine: str, np: int, steps: int,
     else:
         outs = [out]
         cmd = trainer_cmd(launcher(engine, np), out)
-    watched = watch(cmd, work / f"train-{engine}-np{np}.log", timeout=3600)
+    watched = watch(cmd, work / f"train-{engine}-np{np}.log", timeout=3600, checkout=checkout)
     timed = []
     for o in outs:
         steps_log = [json.loads(line) for line in (o / "train_log.jsonl").read_text()
@@ -193,6 +196,8 @@ def train_cell(data: Path, work: Path, engine: str, np: int, steps: int,
         [s["samples_per_s"] for s in timed]), "exchange_mb": median(
         [s["exchange/mb"] for s in timed]), "dense_exchange_mb": timed[0]["exchange/dense_mb"],
         "peak_rss_gb_by_rank": watched["peak_rss_gb"][:np], "wall_seconds": watched["seconds"],
+        "parameter_checksums": [json.loads((o / "train_summary.json").read_text())
+                                ["parameter_checksums"][0] for o in outs],
         "loss_log": [line for line in (work / f"train-{engine}-np{np}.log").read_text()
                      .splitlines() if "next-item loss" in line][:1]}
 

@@ -3,7 +3,7 @@ the medians of cells run in rounds."""
 
 import pytest
 
-from benchmarks import scale
+from benchmarks import code_ab, scale
 
 
 def test_phase_seconds_are_each_steps_share_of_its_time_medianed_over_steps():
@@ -31,3 +31,16 @@ def test_a_kept_dataset_of_other_sizes_is_refused_not_reused(tmp_path):
     with pytest.raises(SystemExit, match="was built from .*clients=300.* give another"):
         scale.train_part([1000], clients=20_000, events=2_000_000, steps=3, engines=[],
                          work=tmp_path / "work", features=tmp_path)
+
+
+def test_a_code_ab_reports_medians_their_ratio_and_whether_the_parameters_matched():
+    def runs(seconds, checksum):
+        return [{"engine": "torch", "np": 2, "seconds_per_step": s, "rows_per_s": 1 / s,
+                 "phase_seconds": {"forward": s / 2}, "parameter_checksums": [checksum]}
+                for s in seconds]
+
+    same = code_ab.compare(runs([0.4, 0.5, 0.6], "abc"), runs([0.3, 0.4, 0.2], "abc"))
+    assert same["this_over_before"] == pytest.approx(0.3 / 0.5)
+    assert same["round_ratios"] == pytest.approx([0.75, 0.8, 1 / 3])
+    assert same["same_parameters"]
+    assert not code_ab.compare(runs([0.4], "abc"), runs([0.3], "abd"))["same_parameters"]

@@ -1,0 +1,93 @@
+"""Two revisions of the code side by side: the same training steps from another checkout (an
+older revision's worktree) and from this one, in turn, round after round.
+
+    git worktree add ../before HEAD~1
+    python benchmarks/code_ab.py --before ../before --data DATASET [--data DATASET2] \\
+        --engines single,torch --steps 16 --rounds 3 --name ab_in_place_exclusion
+
+Each round runs every dataset and engine from `before`, then from this checkout (the real
+trainer, one thread a rank, as benchmarks/scale.py's train cells). Per cell: seconds a step
+(the median over rounds of each run's median), its phases, peak RSS per rank, this revision's
+time over the other's, and whether the two ended with the same parameters (the trainer's
+checksums; a change meant to keep the numbers keeps them to the bit). Trainer overrides after
+`--` go to both. Writes results/NAME.json with both commits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import REPO, RESULTS, commit_of, median, save, work_folder  # noqa: E402
+from benchmarks.scale import repeated, train_cell  # noqa: E402
+
+ENGINES = {"single": 1, "torch": 2, "horovod": 2}
+
+
+def compare(before: list[dict], this: list[dict]) -> dict:
+    """One cell's rounds from each revision: their medians, the ratio, and whether every run of
+    both ended with the same parameters."""
+    checksums = {c for run in before + this for c in run["parameter_checksums"]}
+    a, b = repeated(before), repeated(this)
+    return {"before": a, "this": b,
+            "this_over_before": b["seconds_per_step"] / a["seconds_per_step"],
+            "round_ratios": [t["seconds_per_step"] / o["seconds_per_step"]
+                             for o, t in zip(before, this, strict=True)],
+            "same_parameters": len(checksums) == 1}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--before", required=True, type=Path,
+                   help="the other revision's checkout (e.g. a git worktree)")
+    p.add_argument("--data", required=True, type=Path, action="append",
+                   help="a built dataset (repeatable)")
+    p.add_argument("--engines", default="single,torch",
+                   help="single (one process), torch and horovod (np=2 each)")
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--name", default="ab_code")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("trainer", nargs="*", help="trainer overrides for both, after --")
+    args = p.parse_args(argv)
+    before = args.before.resolve()
+    if not (before / "hvd_ctsm" / "train").is_dir():
+        raise SystemExit(f"code_ab: {before} holds no hvd_ctsm checkout: give --before a "
+                         "worktree of the revision to compare with")
+    engines = args.engines.split(",")
+    unknown = set(engines) - set(ENGINES)
+    if unknown:
+        raise SystemExit(f"code_ab: unknown engine(s) {sorted(unknown)}: use {sorted(ENGINES)}")
+    overrides = ["dist.threads_per_rank=1", *args.trainer]
+    runs: dict[tuple, dict[str, list[dict]]] = {}
+    with work_folder("hvd_ctsm-code-ab-") as work:
+        for _ in range(args.rounds):
+            for data in args.data:
+                for engine in engines:
+                    cell = runs.setdefault((str(data), engine), {"before": [], "this": []})
+                    for side, checkout in (("before", before), ("this", None)):
+                        run = train_cell(data.resolve(), work, engine, ENGINES[engine],
+                                         args.steps, overrides, checkout=checkout)
+                        cell[side].append(run)
+                        print(f"[code_ab] {data.name} {engine} {side}: "
+                              f"{run['seconds_per_step']:.3f} s/step", flush=True)
+    cells = [{"data": data, "engine": engine, **compare(sides["before"], sides["this"])}
+             for (data, engine), sides in runs.items()]
+    payload = {"before_commit": commit_of(before), "this_commit": commit_of(REPO),
+               "steps": args.steps, "rounds": args.rounds, "trainer": overrides, "cells": cells}
+    path = save(args.name, payload, args.out)
+    for c in cells:
+        print(f"[code_ab] {Path(c['data']).name} {c['engine']}: "
+              f"{c['before']['seconds_per_step']:.3f} -> {c['this']['seconds_per_step']:.3f} s "
+              f"({c['this_over_before']:.2f}x, rounds {median(c['round_ratios']):.2f}x median), "
+              f"same parameters: {c['same_parameters']}")
+    print(f"[code_ab] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
