@@ -3,26 +3,27 @@ older revision's worktree) and from this one, in turn, round after round.
 
     git worktree add ../before HEAD~1
     python benchmarks/code_ab.py --before ../before --data DATASET [--data DATASET2] \\
-        --engines single,torch --steps 16 --rounds 3 --name ab_in_place_exclusion
+        --engines single,torch --steps 16 --rounds 3 --name in_place_exclusion
 
 Each round runs every dataset and engine from `before`, then from this checkout (the real
 trainer, one thread a rank, as benchmarks/scale.py's train cells). Per cell: seconds a step
 (the median over rounds of each run's median), its phases, peak RSS per rank, this revision's
 time over the other's, and whether the two ended with the same parameters (the trainer's
 checksums; a change meant to keep the numbers keeps them to the bit). Trainer overrides after
-`--` go to both. Writes results/NAME.json with both commits.
+`--` go to both. Writes results/code_ab_NAME.json with both commits (a section of RESULTS.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import REPO, RESULTS, commit_of, median, save, work_folder  # noqa: E402
+from benchmarks.common import REPO, RESULTS, commit_of, save, work_folder  # noqa: E402
 from benchmarks.scale import repeated, train_cell  # noqa: E402
 
 ENGINES = {"single": 1, "torch": 2, "horovod": 2}
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
                    help="single (one process), torch and horovod (np=2 each)")
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--name", default="ab_code")
+    p.add_argument("--name", default="change", help="results code_ab_NAME.json")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("trainer", nargs="*", help="trainer overrides for both, after --")
     args = p.parse_args(argv)
@@ -69,24 +70,43 @@ def main(argv=None) -> int:
             for data in args.data:
                 for engine in engines:
                     cell = runs.setdefault((str(data), engine), {"before": [], "this": []})
-                    for side, checkout in (("before", before), ("this", None)):
+                    # Each side from its own folder: `python -m` imports the working
+                    # directory's package before PYTHONPATH's.
+                    for side, checkout in (("before", before), ("this", REPO)):
                         run = train_cell(data.resolve(), work, engine, ENGINES[engine],
                                          args.steps, overrides, checkout=checkout)
                         cell[side].append(run)
                         print(f"[code_ab] {data.name} {engine} {side}: "
                               f"{run['seconds_per_step']:.3f} s/step", flush=True)
-    cells = [{"data": data, "engine": engine, **compare(sides["before"], sides["this"])}
-             for (data, engine), sides in runs.items()]
+    cells = [{"data": data, "items": items_of(Path(data)), "engine": engine,
+              **compare(sides["before"], sides["this"])} for (data, engine), sides in runs.items()]
     payload = {"before_commit": commit_of(before), "this_commit": commit_of(REPO),
                "steps": args.steps, "rounds": args.rounds, "trainer": overrides, "cells": cells}
-    path = save(args.name, payload, args.out)
-    for c in cells:
-        print(f"[code_ab] {Path(c['data']).name} {c['engine']}: "
-              f"{c['before']['seconds_per_step']:.3f} -> {c['this']['seconds_per_step']:.3f} s "
-              f"({c['this_over_before']:.2f}x, rounds {median(c['round_ratios']):.2f}x median), "
-              f"same parameters: {c['same_parameters']}")
+    path = save(f"code_ab_{args.name}", payload, args.out)
+    print("\n".join(render(payload)))
     print(f"[code_ab] wrote {path}")
     return 0
+
+
+def items_of(data: Path) -> int:
+    return json.loads((data / "metadata.json").read_text())["vocab"]["items"]
+
+
+def render(p: dict) -> list[str]:
+    """RESULTS.md's section for one results file (benchmarks/report.py)."""
+    out = [f"`{p['before_commit']}` (before) against `{p['this_commit']}` (this), {p['steps']} "
+           f"steps a run, {p['rounds']} rounds in turn, `{' '.join(p['trainer'])}`; s/step "
+           "medians:", "",
+           "| data | items | run | before | this | this / before | per round | same parameters |",
+           "| --- | ---: | --- | ---: | ---: | ---: | --- | --- |"]
+    for c in p["cells"]:
+        rounds = ", ".join(f"{r:.2f}" for r in c["round_ratios"])
+        items = f"{c['items']:,}" if "items" in c else "-"
+        out.append(f"| {Path(c['data']).name} | {items} | {c['engine']} | "
+                   f"{c['before']['seconds_per_step']:.3f} | {c['this']['seconds_per_step']:.3f} "
+                   f"| {c['this_over_before']:.2f}x | {rounds} | "
+                   f"{'yes' if c['same_parameters'] else 'no'} |")
+    return [*out, ""]
 
 
 if __name__ == "__main__":

@@ -170,6 +170,12 @@ def scale_section(p: dict) -> list[str]:
     return render(p)
 
 
+def code_ab_section(p: dict) -> list[str]:
+    from benchmarks.code_ab import render
+
+    return render(p)
+
+
 def gpu_section(p: dict) -> list[str]:
     from benchmarks.gpu import render
 
@@ -198,6 +204,10 @@ def render(results: Path) -> str:
         if path.exists():
             payload = json.loads(path.read_text())
             lines += [f"## {title}", "", stamp(payload), "", *fn(payload)]
+    for path in sorted(results.glob("code_ab_*.json")):
+        payload = json.loads(path.read_text())
+        lines += [f"## Two revisions side by side: {path.stem.removeprefix('code_ab_')}", "",
+                  stamp(payload), "", *code_ab_section(payload)]
     for path in sorted(results.glob("ab_*.json")):
         payload = json.loads(path.read_text())
         lines += [f"## Trainer side by side: {path.stem[3:]}", "", stamp(payload), "",
