@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import (backends, comm, gpu, input_pipeline, model_search, quality, quality_report,
-                        report, scaling, spark_features, trainer_ab)
+from benchmarks import (backends, code_ab, comm, gpu, input_pipeline, model_search, quality,
+                        quality_report, report, scaling, spark_features, trainer_ab)
 from benchmarks.common import run_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.horovod]
@@ -152,6 +152,27 @@ def test_trainer_ab_under_torchrun_counts_the_kernels_share_of_cpu(ab_run):
         assert runs[0]["steps"] > 0 and runs[0]["cpu_user_seconds"] > 0
     for variant in p["summary"].values():
         assert 0 < variant["kernel_share_of_cpu"]["median"] < 1
+
+
+def test_code_ab_runs_the_other_checkouts_code_and_tells_when_the_parameters_differ(
+        tiny_features, tmp_path):
+    """`before` is a copy of this checkout's package: as it is, both sides end with the same
+    parameters; with another default seed (so its code really ran), they do not."""
+    before = tmp_path / "before"
+    shutil.copytree(Path(code_ab.REPO) / "hvd_ctsm", before / "hvd_ctsm",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    args = ["--before", str(before), "--data", str(tiny_features), "--engines", "single",
+            "--steps", "3", "--rounds", "1", "--out", str(tmp_path)]
+    assert code_ab.main([*args, "--name", "same"]) == 0
+    same = load(tmp_path, "code_ab_same")
+    assert [c["same_parameters"] for c in same["cells"]] == [True]
+    config = before / "hvd_ctsm" / "config" / "__init__.py"
+    config.write_text(config.read_text().replace("    seed: int = 0\n", "    seed: int = 1\n"))
+    assert code_ab.main([*args, "--name", "seeded"]) == 0
+    cell = load(tmp_path, "code_ab_seeded")["cells"][0]
+    assert not cell["same_parameters"] and cell["before"]["seconds_per_step"] > 0
+    assert report.main(["--results", str(tmp_path), "--out", str(tmp_path / "R.md")]) == 0
+    assert "## Two revisions side by side: seeded" in (tmp_path / "R.md").read_text()
 
 
 def test_backends_trains_under_both_launchers_beside_an_independent_pair(tiny_features, tmp_path):
