@@ -78,7 +78,7 @@ def main(argv=None) -> int:
                         cell[side].append(run)
                         print(f"[code_ab] {data.name} {engine} {side}: "
                               f"{run['seconds_per_step']:.3f} s/step", flush=True)
-    cells = [{"data": data, "items": items_of(Path(data)), "engine": engine,
+    cells = [{"data": shown(Path(data)), "items": items_of(Path(data)), "engine": engine,
               **compare(sides["before"], sides["this"])} for (data, engine), sides in runs.items()]
     payload = {"before_commit": commit_of(before), "this_commit": commit_of(REPO),
                "steps": args.steps, "rounds": args.rounds, "trainer": overrides, "cells": cells}
@@ -86,6 +86,15 @@ def main(argv=None) -> int:
     print("\n".join(render(payload)))
     print(f"[code_ab] wrote {path}")
     return 0
+
+
+def shown(data: Path) -> str:
+    """The dataset as the results file names it: relative to the checkout, else its name (no
+    machine's paths in a results file)."""
+    try:
+        return str(data.resolve().relative_to(REPO))
+    except ValueError:
+        return data.name
 
 
 def items_of(data: Path) -> int:
