@@ -249,15 +249,91 @@ def shared_sampled_softmax(states: torch.Tensor, target: torch.Tensor, vectors: 
         chance = (probability(candidates) if probability is not None
                   else uniform_probability(candidates, num_items))
         shift = shift - log_inclusion(chance, num_targets, uniform, num_items).to(shift.dtype)
-    logits = states @ vectors(candidates).T + shift
+    none = torch.zeros(0, dtype=torch.long, device=target.device)
+    rows, columns = none, none
     if excluded is not None and len(excluded):  # each pair's column, if its item is a candidate
         column = torch.searchsorted(candidates, excluded.item).clamp(max=len(candidates) - 1)
         hit = (candidates[column] == excluded.item) & (column != target_column[excluded.target])
-        # In place, at the pairs alone: a [targets x candidates] mask and a masked copy of the
-        # logits cost a fifth of this loss's time at 10^6 items (2,950 targets, ~5,000
-        # candidates), for the same numbers.
-        logits.index_put_((excluded.target[hit], column[hit]), minus_infinity(logits))
-    return F.cross_entropy(logits, target_column)
+        rows, columns = excluded.target[hit], column[hit]
+    return candidate_cross_entropy(states, vectors(candidates), shift, target_column,
+                                   rows, columns)
+
+
+# Logits of one block of rows of candidate_cross_entropy: 4 MB of float32, which stays in cache
+# while the block's softmax and gradient are made from it.
+BLOCK_LOGITS = 2**20
+
+
+def candidate_cross_entropy(states: torch.Tensor, vectors: torch.Tensor, shift: torch.Tensor,
+                            target_column: torch.Tensor, excluded_row: torch.Tensor,
+                            excluded_column: torch.Tensor, rows_per_block: int | None = None
+                            ) -> torch.Tensor:
+    """F.cross_entropy(states @ vectors.T + shift, target_column), the (excluded_row,
+    excluded_column) logits set to -inf first, without a [rows x candidates] tensor: the rows go
+    in blocks, and each block's gradient is made in forward from its logits while they are in
+    cache (a loss is a scalar, so backward only scales it). At 10^6 items (2,950 targets, about
+    5,000 candidates) the logits, their log-softmax and its gradient were three 59 MB tensors,
+    and the loss alone took about 1.3x as long. In float32 under autocast, as F.cross_entropy
+    is."""
+    rows_per_block = rows_per_block or max(16, BLOCK_LOGITS // max(len(vectors), 1))
+    wanted = torch.is_grad_enabled() and any(t.requires_grad for t in (states, vectors, shift))
+    with torch.autocast(states.device.type, enabled=False):  # float32 throughout
+        return _CandidateCrossEntropy.apply(states.float(), vectors.float(), shift.float(),
+                                            target_column, excluded_row, excluded_column,
+                                            rows_per_block, wanted)
+
+
+class _CandidateCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, states, vectors, shift, target_column, excluded_row, excluded_column,
+                rows_per_block, wanted):
+        num_rows = states.shape[0]
+        order = torch.argsort(excluded_row, stable=True)  # by row: a block's pairs are a slice
+        excluded_row, excluded_column = excluded_row[order], excluded_column[order]
+        starts = torch.arange(0, num_rows + rows_per_block, rows_per_block,
+                              device=states.device)
+        bounds = torch.searchsorted(excluded_row, starts).tolist()
+        grads = (torch.empty_like(states), torch.zeros_like(vectors),
+                 torch.zeros_like(shift)) if wanted else None
+        total = torch.zeros((), dtype=torch.float64, device=states.device)
+        vectors_t = vectors.T.contiguous()  # MKL's product with a transposed view was slower
+        for block, lo in enumerate(range(0, num_rows, rows_per_block)):
+            hi = min(lo + rows_per_block, num_rows)
+            pairs = slice(bounds[block], bounds[block + 1])
+            block_grads = None if grads is None else (grads[0][lo:hi], *grads[1:])
+            total += _block_loss(states[lo:hi], vectors, vectors_t, shift,
+                                 target_column[lo:hi], excluded_row[pairs] - lo,
+                                 excluded_column[pairs], num_rows, block_grads)
+        ctx.save_for_backward(*(grads or ()))
+        return (total / num_rows).to(states.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        scaled = [g * grad_loss for g in ctx.saved_tensors]
+        return *scaled, None, None, None, None, None
+
+
+def _block_loss(states, vectors, vectors_t, shift, target_column, excluded_row,
+                excluded_column, num_rows, grads) -> torch.Tensor:
+    """One block of rows: the sum of its rows' losses (float64) and, with `grads` (its rows of
+    the states' gradient, the vectors' and the shift's), their gradient of the mean loss."""
+    logits = torch.addmm(shift, states, vectors_t)
+    if len(excluded_row):
+        logits.index_put_((excluded_row, excluded_column), minus_infinity(logits))
+    rows = torch.arange(len(states), device=states.device)
+    target_logit = logits[rows, target_column]
+    top = logits.amax(1, keepdim=True)  # the target's column is never -inf: top is finite
+    softmax = logits.sub_(top).exp_()  # in place: the block's only [rows x candidates] tensor
+    normalizer = softmax.sum(1)
+    loss = (normalizer.log() + top.squeeze(1) - target_logit).sum(dtype=torch.float64)
+    if grads is not None:  # d mean loss / d logits = (softmax - one-hot of the target) / rows
+        grad_states, grad_vectors, grad_shift = grads
+        softmax.mul_((1.0 / num_rows) / normalizer.unsqueeze(1))
+        softmax[rows, target_column] -= 1.0 / num_rows
+        torch.mm(softmax, vectors, out=grad_states)
+        grad_vectors.addmm_(softmax.T, states)
+        grad_shift += softmax.sum(0)
+    return loss
 
 
 def item_table(encoder, chunk: int = ITEM_CHUNK) -> torch.Tensor:

@@ -135,6 +135,57 @@ def test_shared_sampled_softmax_with_log_q_is_its_definition_row_by_row():
         assert torch.allclose(got, want, atol=1e-6)
 
 
+def masked_cross_entropy(states, vectors, shift, target_column, rows, columns):
+    """candidate_cross_entropy's definition: whole logits, -inf at the pairs, F.cross_entropy."""
+    logits = states @ vectors.T + shift
+    logits = logits.index_put((rows, columns), torch.tensor(float("-inf")))
+    return F.cross_entropy(logits, target_column)
+
+
+@pytest.mark.parametrize("rows_per_block", [1, 3, 7, 40, None])
+def test_candidate_cross_entropy_in_blocks_equals_the_masked_cross_entropy(rows_per_block):
+    """Loss and every gradient, rows in blocks (the last one short) or in one, with excluded
+    pairs in no order, repeated, and rows that have none."""
+    g = torch.Generator().manual_seed(5)
+    num_rows, num_candidates = 23, 17
+    states = torch.randn(num_rows, 6, generator=g, requires_grad=True)
+    vectors = torch.randn(num_candidates, 6, generator=g, requires_grad=True)
+    shift = torch.randn(num_candidates, generator=g, requires_grad=True)
+    target_column = torch.randint(0, num_candidates, (num_rows,), generator=g)
+    rows = torch.randint(0, num_rows - 4, (60,), generator=g)  # the last 4 rows: none
+    columns = torch.randint(0, num_candidates, (60,), generator=g)
+    keep = columns != target_column[rows]  # the target's own column is never excluded
+    rows, columns = rows[keep], columns[keep]
+    got = catalog.candidate_cross_entropy(states, vectors, shift, target_column, rows, columns,
+                                          rows_per_block)
+    want = masked_cross_entropy(states, vectors, shift, target_column, rows, columns)
+    assert torch.allclose(got, want, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(3 * got, (states, vectors, shift)),
+                    torch.autograd.grad(3 * want, (states, vectors, shift)), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_candidate_cross_entropy_without_gradients_and_under_autocast():
+    """Under no_grad: the same value, no graph. Under bfloat16 autocast: float32, the same
+    value as without it (F.cross_entropy runs in float32 under autocast too), gradients kept."""
+    g = torch.Generator().manual_seed(6)
+    states = torch.randn(9, 4, generator=g, requires_grad=True)
+    vectors, shift = torch.randn(11, 4, generator=g), torch.randn(11, generator=g)
+    target_column = torch.randint(0, 11, (9,), generator=g)
+    none = torch.zeros(0, dtype=torch.long)
+    plain = catalog.candidate_cross_entropy(states, vectors, shift, target_column, none, none)
+    with torch.no_grad():
+        quiet = catalog.candidate_cross_entropy(states, vectors, shift, target_column, none,
+                                                none)
+    assert not quiet.requires_grad and torch.equal(quiet, plain.detach())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = catalog.candidate_cross_entropy(states, vectors, shift, target_column, none,
+                                               none)
+    assert cast.dtype == torch.float32 and torch.allclose(cast, plain, atol=1e-6)
+    assert torch.allclose(torch.autograd.grad(cast, states)[0],
+                          torch.autograd.grad(plain, states)[0], atol=1e-7)
+
+
 def test_log_q_of_the_needed_items_is_the_whole_catalogs_entries_to_the_bit():
     """A step computes log-Q for its candidates and targets only (nothing catalog-sized): the
     same numbers as the whole catalog's vector of (counts + 1) / (sum + N), indexed."""
