@@ -5,8 +5,8 @@ densely, each builds [targets x items] tensors: at 10^6 items one batch's logits
 gigabytes. Here the same results come from index pairs and item chunks instead:
 - ItemPairs: which items are no negatives of which target (the items a client already had, the
   targets tied with it), as (target, item) index pairs rather than a [targets x items] mask;
-- softmax_cross_entropy: the exact full-softmax loss, its logits made and (in backward) remade
-  one item chunk at a time, memory O(targets x chunk);
+- softmax_cross_entropy: the exact full-softmax loss, its logits made in blocks of rows
+  (candidate_cross_entropy), each block's gradient with them, memory O(rows x items) a block;
 - shared_sampled_softmax: a sampled softmax whose cost does not grow with the catalog, over
   negatives shared by the whole batch (the batch's own targets plus uniform draws), each logit
   corrected by the log of its expected count in the sample (log-Q; Yi et al. 2019, "Sampling-
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 # Items per chunk: [targets x chunk] floats at a time (3,000 targets x 8,192 items: 98 MB).
 ITEM_CHUNK = 8192
@@ -136,15 +135,6 @@ def minus_infinity(like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(float("-inf"), dtype=like.dtype, device=like.device)
 
 
-def _chunk_logsumexp(states, vectors, bias, excluded_target, excluded_item, pad_column):
-    logits = states @ vectors.T + bias
-    if len(excluded_target):
-        logits.index_put_((excluded_target, excluded_item), minus_infinity(logits))
-    if pad_column:
-        logits[:, 0] = float("-inf")  # never a candidate: padding
-    return torch.logsumexp(logits, dim=1)
-
-
 def softmax_cross_entropy(states: torch.Tensor, target: torch.Tensor, vectors: Vectors,
                           bias: torch.Tensor, excluded: ItemPairs | None,
                           chunk: int = ITEM_CHUNK, all_vectors: torch.Tensor | None = None
@@ -154,11 +144,13 @@ def softmax_cross_entropy(states: torch.Tensor, target: torch.Tensor, vectors: V
 
     A catalog of at most `chunk` items is one chunk (all_vectors, if given, are its vectors),
     computed as the dense loss always was (the same operations, so the same numbers, bit for
-    bit). A larger one is taken chunk by chunk, each chunk's logits remade in backward rather
-    than kept (activation checkpointing), so memory is O(targets x chunk) at any size."""
+    bit). For a larger one the items' vectors are looked up chunk by chunk (no intermediate
+    larger than a chunk's), and the logits made in blocks of rows over every item
+    (candidate_cross_entropy): memory O(items x dim), as the table itself, plus one block's
+    logits. Each block's logits are made once; remaking every item chunk's in backward
+    (activation checkpointing, as before) made them twice."""
     num_items = bias.shape[0]
-    pairs = excluded.without(target).by_item() if excluded is not None else None
-    none = torch.zeros(0, dtype=torch.long, device=states.device)
+    pairs = excluded.without(target) if excluded is not None else None
     if num_items <= chunk:
         table = all_vectors if all_vectors is not None else vectors(
             torch.arange(num_items, device=states.device))
@@ -167,19 +159,12 @@ def softmax_cross_entropy(states: torch.Tensor, target: torch.Tensor, vectors: V
         if pairs is not None and len(pairs):  # in place: no copy of the logits
             logits.index_put_((pairs.target, pairs.item), minus_infinity(logits))
         return F.cross_entropy(logits, target)
-    parts = []
-    for lo in range(0, num_items, chunk):
-        hi = min(lo + chunk, num_items)
-        rows, cols = pairs.in_chunk(lo, hi) if pairs is not None else (none, none)
-        ids = torch.arange(lo, hi, device=states.device)
-
-        def chunk_lse(states, ids=ids, rows=rows, cols=cols, lo=lo):
-            return _chunk_logsumexp(states, vectors(ids), bias[ids], rows, cols, lo == 0)
-
-        parts.append(checkpoint(chunk_lse, states, use_reentrant=False))
-    normalizer = torch.logsumexp(torch.stack(parts), dim=0)
-    target_logit = (states * vectors(target)).sum(-1) + bias[target]
-    return (normalizer - target_logit).mean()
+    table = torch.cat([vectors(torch.arange(lo, min(lo + chunk, num_items), device=states.device))
+                       for lo in range(0, num_items, chunk)])
+    shift = torch.cat([torch.full_like(bias[:1], float("-inf")), bias[1:]])  # padding: never
+    if pairs is None:
+        pairs = ItemPairs.empty(num_items, states.device)
+    return candidate_cross_entropy(states, table, shift, target, pairs.target, pairs.item)
 
 
 class TargetFrequency:
