@@ -109,10 +109,10 @@ class ModelConfig:
     otherwise be a negative of the others. No effect on data without such groups. Off: under
     strict ties it raised validation sampled NDCG@10 and lowered full NDCG@10 on every seed."""
     loss: str = "auto"
-    """Next-item loss: 'full' softmax over every item (exact, computed in item chunks, so its
-    memory does not grow with the catalog but its time does); 'shared', a sampled softmax over
-    negatives shared by the batch (its targets and `shared_negatives` uniform draws) with the
-    log-Q correction, whose time does not grow with the catalog either; 'auto' (default),
+    """Next-item loss: 'full' softmax over every item (exact, in blocks of rows: its memory
+    grows only as the item table does, its time with the catalog); 'shared', a sampled softmax
+    over negatives shared by the batch (its targets and `shared_negatives` uniform draws) with
+    the log-Q correction, whose time does not grow with the catalog; 'auto' (default),
     'full' up to 25,000 items (heads.EXACT_MAX_ITEMS) and 'shared' above, as the training log
     says; 'sampled' softmax or 'bce' with `negatives` sampled negatives per target. Up to
     2026-11-27 the default was 'full' at every size: 'auto' is the same loss on every catalog

@@ -20,7 +20,7 @@ from hvd_ctsm.model import catalog
 class NextItemHead(nn.Module):
     """Scores items by a dot product with the shared item embeddings (plus a popularity bias).
 
-    loss: 'full' softmax over all items (exact, computed in item chunks: hvd_ctsm.model.catalog);
+    loss: 'full' softmax over all items (exact, in blocks of rows: hvd_ctsm.model.catalog);
     'shared', a sampled softmax over negatives shared by the batch (its targets plus
     `shared_negatives` uniform draws) with the log-Q correction, whose cost does not grow with
     the catalog; 'auto', 'full' up to EXACT_MAX_ITEMS items and 'shared' above (see

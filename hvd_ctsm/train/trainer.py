@@ -154,7 +154,7 @@ class GradientBytes:
                 "exchange/dense_mb": self.all_dense / 2**20}
 
 
-LOSS_NAMES = {"full": "full: exact softmax over every item, in item chunks",
+LOSS_NAMES = {"full": "full: exact softmax over every item, in blocks of rows",
               "shared": "shared: sampled softmax over negatives shared by the batch, log-Q "
                         "corrected",
               "sampled": "sampled: sampled softmax, negatives per target",
