@@ -41,11 +41,6 @@ class ItemPairs:
     num_items: int
 
     @classmethod
-    def empty(cls, num_items: int, device=None) -> ItemPairs:
-        none = torch.zeros(0, dtype=torch.long, device=device)
-        return cls(none, none.clone(), num_items)
-
-    @classmethod
     def from_lists(cls, lists, num_items: int) -> ItemPairs:
         """Pairs from one list of item indices per target (numpy arrays or lists); indices
         outside 0..num_items-1 are dropped."""
@@ -162,9 +157,8 @@ def softmax_cross_entropy(states: torch.Tensor, target: torch.Tensor, vectors: V
     table = torch.cat([vectors(torch.arange(lo, min(lo + chunk, num_items), device=states.device))
                        for lo in range(0, num_items, chunk)])
     shift = torch.cat([torch.full_like(bias[:1], float("-inf")), bias[1:]])  # padding: never
-    if pairs is None:
-        pairs = ItemPairs.empty(num_items, states.device)
-    return candidate_cross_entropy(states, table, shift, target, pairs.target, pairs.item)
+    rows, items = (pairs.target, pairs.item) if pairs is not None else (None, None)
+    return candidate_cross_entropy(states, table, shift, target, rows, items)
 
 
 class TargetFrequency:
@@ -234,8 +228,7 @@ def shared_sampled_softmax(states: torch.Tensor, target: torch.Tensor, vectors: 
         chance = (probability(candidates) if probability is not None
                   else uniform_probability(candidates, num_items))
         shift = shift - log_inclusion(chance, num_targets, uniform, num_items).to(shift.dtype)
-    none = torch.zeros(0, dtype=torch.long, device=target.device)
-    rows, columns = none, none
+    rows = columns = None
     if excluded is not None and len(excluded):  # each pair's column, if its item is a candidate
         column = torch.searchsorted(candidates, excluded.item).clamp(max=len(candidates) - 1)
         hit = (candidates[column] == excluded.item) & (column != target_column[excluded.target])
@@ -250,16 +243,18 @@ BLOCK_LOGITS = 2**20
 
 
 def candidate_cross_entropy(states: torch.Tensor, vectors: torch.Tensor, shift: torch.Tensor,
-                            target_column: torch.Tensor, excluded_row: torch.Tensor,
-                            excluded_column: torch.Tensor, rows_per_block: int | None = None
-                            ) -> torch.Tensor:
+                            target_column: torch.Tensor, excluded_row: torch.Tensor | None = None,
+                            excluded_column: torch.Tensor | None = None,
+                            rows_per_block: int | None = None) -> torch.Tensor:
     """F.cross_entropy(states @ vectors.T + shift, target_column), the (excluded_row,
     excluded_column) logits set to -inf first, without a [rows x candidates] tensor: the rows go
     in blocks, and each block's gradient is made in forward from its logits while they are in
     cache (a loss is a scalar, so backward only scales it). At 10^6 items (2,950 targets, about
     5,000 candidates, one thread) the logits, their log-softmax and its gradient were three
     59 MB tensors, and the shared loss took 313 ms where it now takes 230. In float32 under
-    autocast, as F.cross_entropy is."""
+    autocast, as F.cross_entropy is. No excluded pairs: None."""
+    if excluded_row is None:
+        excluded_row = excluded_column = target_column.new_zeros(0)
     rows_per_block = rows_per_block or max(16, BLOCK_LOGITS // max(len(vectors), 1))
     wanted = torch.is_grad_enabled() and any(t.requires_grad for t in (states, vectors, shift))
     with torch.autocast(states.device.type, enabled=False):  # float32 throughout
