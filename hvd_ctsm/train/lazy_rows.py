@@ -20,6 +20,13 @@ moves, and the unit tests bound the difference. Unlike TensorFlow's LazyAdam (wh
 missed steps, so a rarely seen row moves about a tenth of what AdamW would move it), the rows
 end where AdamW's end. The step count and both moments live where AdamW keeps them
 (optimizer.state[table], the same keys), so a checkpoint resumes under either setting.
+
+Under several ranks a row is caught up on the rank whose lookup reads it, among that rank's
+rows, and on the others by the optimizer step, among other rows; so a row's catch-up must not
+depend on its neighbours. torch.exp and pow may give another last bit in a tensor's vectorized
+body than in its tail, and the ranks then drifted apart (a 10^6-item run under torchrun ended
+"ranks in sync: False" after 40 steps): here every per-row power goes through `exact_exp`,
+and sums over missed steps run in order (cumsum), whatever else shares the tensor.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ import torch
 
 RowGradient = tuple[torch.Tensor, torch.Tensor]  # (row indices, their gradient rows)
 WINDOW = 64  # missed steps summed one by one; beyond them (beta1 / sqrt(beta2))^j < 0.0013
+LN2_HI, LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10  # ln 2 in two parts
+INV_LN2 = 1.44269504088896338700e00
+EXP_TERMS = [1.0 / math.factorial(n) for n in range(14)]  # Taylor to r^13: |r| <= ln(2) / 2
 
 
 def describe(lazy: bool, sparse: bool) -> str:
@@ -196,9 +206,11 @@ class StepHistory:
     its lr, lr / bc1 * sqrt(bc2) and lr / bc1 (its move's factor where sqrt(v), or eps,
     dominates), the running sum of log(1 - lr wd) (a row's weight decay over any span of steps,
     in O(1)), and per step s, once s + WINDOW is recorded, each factor's sum over the WINDOW
-    steps after s (`window_sum`: what a row last brought to s and missed them all moved)."""
+    steps after s (`window_sum`: what a row last brought to s and missed them all moved) and the
+    weight decay over them inverted (`window_keep`)."""
 
-    NAMES = ("lr", "factor", "step_size", "log_keep", "factor_window", "step_size_window")
+    NAMES = ("lr", "factor", "step_size", "log_keep", "factor_window", "step_size_window",
+             "window_keep")
 
     def __init__(self, start: int, device: torch.device, group: dict):
         for name in self.NAMES:  # log_keep 0 at `start`: nothing decayed before it
@@ -208,6 +220,7 @@ class StepHistory:
         self.ratios = {"factor": beta1 / math.sqrt(beta2), "step_size": beta1}
         j = torch.arange(1, WINDOW + 1, dtype=torch.float64, device=device)
         self.powers = {name: ratio**j for name, ratio in self.ratios.items()}
+        self._recent_keep: tuple[int, int, torch.Tensor] | None = None
 
     def record(self, step: int, group: dict) -> None:
         if step >= len(self.lr):
@@ -222,10 +235,21 @@ class StepHistory:
         self.decays = self.decays or lr * wd != 0
         first = step - WINDOW
         if first >= self.start:
-            decayed = torch.exp(self.log_keep[first] - self.log_keep[first + 1:step + 1])
+            decayed = exact_exp(self.log_keep[first] - self.log_keep[first + 1:step + 1])
+            self.window_keep[first] = decayed[-1]
             for name, powers in self.powers.items():
                 moves = getattr(self, name)[first + 1:step + 1] * powers * decayed
                 getattr(self, f"{name}_window")[first] = moves.sum()
+
+    def decay_between(self, since: torch.Tensor, until: torch.Tensor, now: int) -> torch.Tensor:
+        """exp(log_keep[since] - log_keep[until]) for steps within WINDOW of step `now`: a ratio
+        of two entries of one table, made once a step (the same on every rank)."""
+        if self._recent_keep is None or self._recent_keep[0] != now:
+            offset = max(self.start, now - WINDOW)
+            self._recent_keep = (now, offset, exact_exp(self.log_keep[offset:now + 1]
+                                                        - self.log_keep[now]))
+        _, offset, keep = self._recent_keep
+        return keep[since - offset] / keep[until - offset]
 
 
 def catch_up(param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
@@ -240,44 +264,73 @@ def catch_up(param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tenso
     missed = (to_step - last).clamp(min=0)
     if not bool((missed > 0).any()):
         return
-    where_v = missed_series(history, "factor", last, missed, to_step, group["weight_decay"])
-    where_eps = missed_series(history, "step_size", last, missed, to_step,
-                              group["weight_decay"])
+    where_v, where_eps = missed_series(history, last, missed, to_step, group["weight_decay"])
     blend = torch.where(where_eps > 0, eps * where_v / where_eps, eps)  # eps: nothing missed
     direction = exp_avg / (exp_avg_sq.sqrt() + blend.to(exp_avg_sq.dtype))
     param.sub_(direction * where_v.to(param.dtype))
+    # beta1^missed, beta2^missed and the weight decay since `last`, in one exact_exp
+    logs = [missed.to(torch.float64) * math.log(beta) for beta in (beta1, beta2)]
     if history.decays:
-        param.mul_(torch.exp(history.log_keep[last + missed] - history.log_keep[last])
-                   .to(param.dtype))
-    exp_avg.mul_((beta1**missed).to(exp_avg.dtype))
-    exp_avg_sq.mul_((beta2**missed).to(exp_avg_sq.dtype))
+        logs.append(history.log_keep[last + missed] - history.log_keep[last])
+    factors = exact_exp(torch.cat(logs, 1)).to(param.dtype)
+    exp_avg.mul_(factors[:, 0:1])
+    exp_avg_sq.mul_(factors[:, 1:2])
+    if history.decays:
+        param.mul_(factors[:, 2:3])
 
 
-def missed_series(history: StepHistory, name: str, last: torch.Tensor, missed: torch.Tensor,
-                  to_step: int, weight_decay: float) -> torch.Tensor:
-    """[rows, 1]: sum over each row's missed steps j = 1..missed of the per-step `name` factor
-    at last + j, times its ratio^j, over the row's decay from last to last + j. The first
-    WINDOW steps: step by step (rows that missed them all: the history's window_sum, computed
-    once per step), a geometric series beyond (factor, lr and wd of the tail's centre)."""
-    per_step, ratio = getattr(history, name), history.ratios[name]
+SERIES = ("factor", "step_size")  # where sqrt(v) dominates eps, where eps dominates
+
+
+def missed_series(history: StepHistory, last: torch.Tensor, missed: torch.Tensor, to_step: int,
+                  weight_decay: float) -> list[torch.Tensor]:
+    """Per SERIES name, [rows, 1]: sum over each row's missed steps j = 1..missed of the
+    per-step factor at last + j, times its ratio^j, over the row's decay from last to last + j.
+    The first WINDOW steps: step by step (rows that missed them all: the history's window_sum,
+    computed once per step), a geometric series beyond (factor, lr and wd of the tail's
+    centre)."""
     end = max(to_step, 1)
-    total = torch.where(missed >= WINDOW, getattr(history, f"{name}_window")[last], 0.0)
+    totals = [torch.where(missed >= WINDOW, getattr(history, f"{name}_window")[last], 0.0)
+              for name in SERIES]
     recent = ((missed > 0) & (missed < WINDOW)).squeeze(1).nonzero().squeeze(1)
     if len(recent):  # rows read within the window: step by step, as many as they missed
         k, since = missed[recent], last[recent]
         j = torch.arange(1, int(k.max()) + 1, device=last.device)
         step = (since + j).clamp(max=end)
-        move = per_step[step] * history.powers[name][:len(j)]
-        if history.decays:
-            move = move * torch.exp(history.log_keep[since] - history.log_keep[step])
-        total[recent] = torch.where(j <= k, move, 0.0).sum(1, keepdim=True)
+        decay = history.decay_between(since, step, to_step) if history.decays else None
+        for total, name in zip(totals, SERIES, strict=True):
+            move = getattr(history, name)[step] * history.powers[name][:len(j)]
+            if decay is not None:
+                move = move * decay
+            # in order, so the zeros past a row's own missed steps cannot regroup its sum
+            total[recent] = torch.where(j <= k, move, 0.0).cumsum(1)[:, -1:]
     far = (missed > WINDOW).squeeze(1).nonzero().squeeze(1)
     if len(far):
         since, beyond = last[far], missed[far] - WINDOW
         centre = (since + WINDOW + beyond.clamp(max=10)).clamp(max=end)
-        first = per_step[centre] * ratio ** (WINDOW + 1) * torch.exp(
-            history.log_keep[since] - history.log_keep[since + WINDOW])
-        rho = ratio / (1 - history.lr[centre] * weight_decay)
-        series = torch.where(rho == 1, beyond.to(torch.float64), (1 - rho**beyond) / (1 - rho))
-        total[far] += first * series
-    return total
+        log_keep = history.log_keep[centre] - history.log_keep[centre - 1]  # log(1 - lr wd)
+        ratios = [history.ratios[name] for name in SERIES]
+        powers = exact_exp(torch.cat([beyond * (math.log(ratio) - log_keep)
+                                      for ratio in ratios], 1))  # rho^beyond, both series
+        for i, (total, name, ratio) in enumerate(zip(totals, SERIES, ratios, strict=True)):
+            first = (getattr(history, name)[centre] * ratio ** (WINDOW + 1)
+                     * history.window_keep[since])
+            rho = ratio / (1 - history.lr[centre] * weight_decay)
+            series = torch.where(rho == 1, beyond.to(torch.float64),
+                                 (1 - powers[:, i:i + 1]) / (1 - rho))
+            total[far] += first * series
+    return totals
+
+
+def exact_exp(x: torch.Tensor) -> torch.Tensor:
+    """exp of a float64 tensor from +, *, round and a power of two made from its bits, each
+    rounded as IEEE says: a value gets the same bits wherever it sits in a tensor (torch.exp
+    need not: see the module's docstring). Within 4e-16 of exp; below exp(-708), the smallest
+    normal number's scale."""
+    x = x.to(torch.float64).clamp(-708.0, 709.0)
+    k = torch.round(x * INV_LN2)
+    r = (x - k * LN2_HI) - k * LN2_LO
+    poly = torch.full_like(r, EXP_TERMS[-1])
+    for term in reversed(EXP_TERMS[:-1]):
+        poly = poly * r + term
+    return poly * ((k.to(torch.int64) + 1023) << 52).view(torch.float64)

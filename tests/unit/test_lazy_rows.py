@@ -173,3 +173,48 @@ def test_clipping_with_row_gradients_equals_torch_on_the_dense_gradient(max_norm
     torch.testing.assert_close(weight.grad, params[0].grad)
     index, values = rows[table]
     torch.testing.assert_close(values, params[1].grad[index])
+
+
+def history_of(steps: int, group: dict) -> lazy_rows.StepHistory:
+    """A StepHistory of `steps` steps from 0, lr warming up over the first 50."""
+    history = lazy_rows.StepHistory(0, torch.device("cpu"), group)
+    for step in range(1, steps + 1):
+        group["lr"] = 0.002 * min(1.0, step / 50)
+        history.record(step, group)
+    return history
+
+
+def test_a_rows_catch_up_has_the_same_bits_whatever_rows_share_its_call():
+    """Under np=2 a row one rank reads is caught up there by its lookup, among that rank's rows,
+    and on the other rank by the optimizer step, among other rows: both must hold the same bits
+    after, or the ranks drift apart (a 10^6-item run under torchrun ended 'ranks in sync: False'
+    after 40 steps, when torch.exp and pow gave a row another last bit in a tensor's tail)."""
+    group = {"lr": 0.002, "betas": (0.9, 0.98), "eps": 1e-8, "weight_decay": 0.01}
+    history = history_of(200, group)
+    g = torch.Generator().manual_seed(0)
+    n = 3000
+    start = (torch.randn(n, 64, generator=g), torch.randn(n, 64, generator=g) * 1e-3,
+             torch.rand(n, 64, generator=g) * 1e-6)
+    last = torch.randint(0, 201, (n,), generator=g)  # recent, a window ago, far, up to date
+
+    def caught_up(index):
+        rows = [t[index].clone() for t in start]
+        lazy_rows.catch_up(*rows, last[index], 200, history, group)
+        return rows
+
+    every = caught_up(torch.arange(n))
+    for trial in range(100):
+        index = torch.randperm(n, generator=g)[:int(torch.randint(1, 300, (1,), generator=g))]
+        for name, alone, among_all in zip(("param", "exp_avg", "exp_avg_sq"), caught_up(index),
+                                          every, strict=True):
+            assert torch.equal(alone, among_all[index]), (trial, name)
+
+
+def test_exact_exp_is_exp_to_the_last_bit_or_two():
+    x = torch.cat([torch.linspace(-745.0, 0.0, 100_001, dtype=torch.float64),
+                   torch.linspace(0.0, 5.0, 10_001, dtype=torch.float64)])
+    expected = torch.exp(x)
+    got = lazy_rows.exact_exp(x)
+    normal = expected > 1e-300  # below, exact_exp keeps the smallest normal number's scale
+    torch.testing.assert_close(got[normal], expected[normal], rtol=4e-16, atol=0.0)
+    assert bool((got[~normal] <= 1e-300).all()) and bool((got >= 0).all())
