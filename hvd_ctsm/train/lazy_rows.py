@@ -133,17 +133,25 @@ class LazyRows:
 
     @torch.no_grad()
     def step(self, rows: dict[torch.nn.Parameter, RowGradient]) -> None:
-        """One AdamW step on the given rows of each table (brought up to date first, which
-        their lookup has done), with the same arithmetic as torch's single-tensor AdamW."""
+        """One AdamW step on the given rows of each table (brought up to date first: their
+        lookup has, on this rank or another), with the arithmetic of torch's single-tensor
+        AdamW."""
         for table, (index, grad) in rows.items():
-            self.bring_up_to_date(table, index)
             group, state = self._group_and_state(table)
             row_steps = self._steps_of_rows(table, state)
+            param, exp_avg, exp_avg_sq = rows_of(index, table, state["exp_avg"],
+                                                 state["exp_avg_sq"])
+            # Rows only other ranks read (their lookups caught them up there): caught up here,
+            # in the copies the step moves, so each row is read and written once.
+            stale = (row_steps[index] < int(state["step"])).nonzero().squeeze(1)
+            if len(stale):
+                behind = rows_of(stale, param, exp_avg, exp_avg_sq)
+                catch_up(*behind, row_steps[index[stale]], int(state["step"]),
+                         self._history[table], group)
+                write_rows(stale, *zip((param, exp_avg, exp_avg_sq), behind, strict=True))
             state["step"] += 1
             step = int(state["step"])
             self._history[table].record(step, group)
-            param, exp_avg, exp_avg_sq = rows_of(index, table, state["exp_avg"],
-                                                 state["exp_avg_sq"])
             lr, beta1, beta2 = group["lr"], *group["betas"]
             param.mul_(1 - lr * group["weight_decay"])
             exp_avg.lerp_(grad.to(exp_avg.dtype), 1 - beta1)
