@@ -372,8 +372,11 @@ class Trainer:
             atomic_write_bytes(self.out / "train_summary.json",
                                json.dumps(summary, indent=2).encode())
             self.writer.close()
-            log.info("done after %d steps; ranks in sync: %s", summary["steps"],
-                     len(set(checksums)) == 1)
+            in_sync = len(set(checksums)) == 1
+            log.info("done after %d steps; ranks in sync: %s", summary["steps"], in_sync)
+            if not in_sync:  # every rank took the same steps from the same start: a bug
+                log.warning("the ranks ended with different weights (train_summary.json); the "
+                            "model is rank 0's. Please report it with the run's config.yaml")
         return summary
 
     def _log_validation(self, metrics: dict, record: dict) -> None:
