@@ -185,7 +185,7 @@ def train_cell(data: Path, work: Path, engine: str, np: int, steps: int,
         outs = [out]
         cmd = trainer_cmd(launcher(engine, np), out)
     watched = watch(cmd, work / f"train-{engine}-np{np}.log", timeout=3600, checkout=checkout)
-    timed = []
+    timed, summaries = [], [json.loads((o / "train_summary.json").read_text()) for o in outs]
     for o in outs:
         steps_log = [json.loads(line) for line in (o / "train_log.jsonl").read_text()
                      .splitlines()]
@@ -196,8 +196,9 @@ def train_cell(data: Path, work: Path, engine: str, np: int, steps: int,
         [s["samples_per_s"] for s in timed]), "exchange_mb": median(
         [s["exchange/mb"] for s in timed]), "dense_exchange_mb": timed[0]["exchange/dense_mb"],
         "peak_rss_gb_by_rank": watched["peak_rss_gb"][:np], "wall_seconds": watched["seconds"],
-        "parameter_checksums": [json.loads((o / "train_summary.json").read_text())
-                                ["parameter_checksums"][0] for o in outs],
+        "parameter_checksums": [summary["parameter_checksums"][0] for summary in summaries],
+        "ranks_in_sync": all(len(set(summary["parameter_checksums"])) == 1
+                             for summary in summaries),
         "loss_log": [line for line in (work / f"train-{engine}-np{np}.log").read_text()
                      .splitlines() if "next-item loss" in line][:1]}
 

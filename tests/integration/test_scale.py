@@ -44,3 +44,4 @@ def test_200k_items_train_at_np2_with_the_shared_loss_and_sparse_exchange_in_bou
     assert "the optimizer moves only the rows a step reads" in cell["loss_log"][0]
     assert max(cell["peak_rss_gb_by_rank"]) < RANK_BOUND_GB, cell
     assert cell["exchange_mb"] < 0.2 * cell["dense_exchange_mb"], cell
+    assert cell["ranks_in_sync"], cell  # each rank catches up other rows (optim.lazy_rows)
