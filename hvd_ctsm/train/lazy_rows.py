@@ -23,10 +23,11 @@ end where AdamW's end. The step count and both moments live where AdamW keeps th
 
 Under several ranks a row is caught up on the rank whose lookup reads it, among that rank's
 rows, and on the others by the optimizer step, among other rows; so a row's catch-up must not
-depend on its neighbours. torch.exp and pow may give another last bit in a tensor's vectorized
-body than in its tail, and the ranks then drifted apart (a 10^6-item run under torchrun ended
-"ranks in sync: False" after 40 steps): here every per-row power goes through `exact_exp`,
-and sums over missed steps run in order (cumsum), whatever else shares the tensor.
+depend on its neighbours. On a CPU torch.exp and pow did: the same value got another last bit
+in some places of a tensor than in others (a vectorized body and a scalar tail), and the ranks
+drifted apart (a 10^6-item run under torchrun ended "ranks in sync: False" after 40 steps).
+Here every per-row power goes through `exact_exp`, and sums over missed steps run in order
+(cumsum), so a row's bits do not depend on what else shares the tensor.
 """
 
 from __future__ import annotations
