@@ -126,10 +126,8 @@ class LazyRows:
         if len(stale) == 0:
             return
         index = stale.unique()
-        param, exp_avg, exp_avg_sq = rows_of(index, table, state["exp_avg"], state["exp_avg_sq"])
-        catch_up(param, exp_avg, exp_avg_sq, row_steps[index], step, self._history[table], group)
-        write_rows(index, (table, param), (state["exp_avg"], exp_avg),
-                   (state["exp_avg_sq"], exp_avg_sq))
+        catch_up_rows(index, (table, state["exp_avg"], state["exp_avg_sq"]), row_steps[index],
+                      step, self._history[table], group)
         row_steps[index] = step
 
     @torch.no_grad()
@@ -146,10 +144,8 @@ class LazyRows:
             # in the copies the step moves, so each row is read and written once.
             stale = (row_steps[index] < int(state["step"])).nonzero().squeeze(1)
             if len(stale):
-                behind = rows_of(stale, param, exp_avg, exp_avg_sq)
-                catch_up(*behind, row_steps[index[stale]], int(state["step"]),
-                         self._history[table], group)
-                write_rows(stale, *zip((param, exp_avg, exp_avg_sq), behind, strict=True))
+                catch_up_rows(stale, (param, exp_avg, exp_avg_sq), row_steps[index[stale]],
+                              int(state["step"]), self._history[table], group)
             state["step"] += 1
             step = int(state["step"])
             self._history[table].record(step, group)
@@ -208,6 +204,16 @@ def write_rows(index: torch.Tensor, *pairs: tuple[torch.Tensor, torch.Tensor]) -
     """Each (table, rows): the rows (from rows_of) written back at `index`."""
     for table, rows in pairs:
         table.index_copy_(0, index, rows)
+
+
+def catch_up_rows(index: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                  row_steps: torch.Tensor, to_step: int, history: StepHistory,
+                  group: dict) -> None:
+    """catch_up on the `index` rows of (param, exp_avg, exp_avg_sq): whole tables in a
+    lookup, the step's copies of its rows in the optimizer step."""
+    rows = rows_of(index, *tables)
+    catch_up(*rows, row_steps, to_step, history, group)
+    write_rows(index, *zip(tables, rows, strict=True))
 
 
 class StepHistory:
@@ -317,9 +323,9 @@ def missed_series(history: StepHistory, last: torch.Tensor, missed: torch.Tensor
     if len(far):
         since, beyond = last[far], missed[far] - WINDOW
         centre = (since + WINDOW + beyond.clamp(max=10)).clamp(max=end)
-        log_keep = history.log_keep[centre] - history.log_keep[centre - 1]  # log(1 - lr wd)
+        log_step_keep = history.log_keep[centre] - history.log_keep[centre - 1]  # log(1-lr wd)
         ratios = [history.ratios[name] for name in SERIES]
-        powers = exact_exp(torch.cat([beyond * (math.log(ratio) - log_keep)
+        powers = exact_exp(torch.cat([beyond * (math.log(ratio) - log_step_keep)
                                       for ratio in ratios], 1))  # rho^beyond, both series
         for i, (total, name, ratio) in enumerate(zip(totals, SERIES, ratios, strict=True)):
             first = (getattr(history, name)[centre] * ratio ** (WINDOW + 1)
