@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hvd_ctsm.config.model_config import ModelConfig
+from hvd_ctsm.model import catalog
 from hvd_ctsm.model.heads import NextItemHead, SaleHead
 
 
@@ -388,9 +389,17 @@ class CTSM(nn.Module):
     def p_sale(self, states, item_ids, log_dt=None) -> torch.Tensor:
         return torch.sigmoid(self.heads["sale"].logit(states, item_ids, log_dt))
 
-    def recommend(self, states: torch.Tensor, k: int, exclude: torch.Tensor | None = None):
-        """Top-k items per client state; `exclude` is a [B, num_items] bool mask."""
-        scores = self.score(states)
-        if exclude is not None:
-            scores = scores.masked_fill(exclude, float("-inf"))
-        return scores.topk(k, dim=-1)
+    @torch.no_grad()
+    def recommend(self, states: torch.Tensor, k: int, seen: list | None = None,
+                  table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores, item indices) of each state's top-k items, never padding nor an item in its
+        row of `seen` (lists of item indices, one per state). Taken a chunk of items at a time,
+        so memory grows with the states and k, not the catalog. table: catalog.item_table(
+        self.encoder), built once by a caller that recommends for many batches."""
+        num_items = self.sizes.num_items
+        if table is None:
+            table = catalog.item_table(self.encoder)
+        excluded = catalog.ItemPairs.from_lists(seen, num_items) if seen is not None else None
+        bias = self.heads["next_item"].bias
+        return catalog.chunked_topk(lambda lo, hi: states @ table[lo:hi].T + bias[lo:hi],
+                                    len(states), num_items, min(k, num_items), excluded)

@@ -1,12 +1,12 @@
 """The scoring core: each row's top-K items it never had, from a model and history rows.
 
 A row is anything with the feature dataset's serving fields as attributes (a Petastorm row, or
-a SimpleNamespace built from plain lists by hvd_ctsm.tracking.pyfunc_input): client_id, history_len,
-item,
-event_type, value, log_gap, client_attrs, client_items and (empty) target arrays. Batch scoring
-(hvd_ctsm.serving.score, spark_jobs.score_topk) and the MLflow pyfunc flavour share it. torch,
-numpy,
-hvd_ctsm.data.batches, hvd_ctsm.model.catalog only, so every caller can import it without a cycle.
+a SimpleNamespace built from plain lists by hvd_ctsm.tracking.pyfunc_input): client_id,
+history_len, item, event_type, value, log_gap, client_attrs, client_items and (empty) target
+arrays. Batch scoring (hvd_ctsm.serving.score, spark_jobs.score_topk) and the MLflow pyfunc
+flavour share it; the top-K itself is the model's `recommend` (chunked, seen items left out).
+It imports torch, numpy, hvd_ctsm.data.batches and hvd_ctsm.model.catalog only, so every caller
+can import it without a cycle.
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ def client_states(model, rows: list, max_len: int) -> torch.Tensor:
 def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int,
                  table: torch.Tensor) -> Iterator[tuple]:
     states = client_states(model, rows, max_len)
-    num_items = model.sizes.num_items
-    top = top_unseen(model, states, [row.client_items for row in rows], k, num_items, table)
+    top = model.recommend(states, k, [row.client_items for row in rows], table)
     p_sale = None
     if "sale" in model.heads:
         expanded = states.unsqueeze(1).expand(-1, top[1].shape[1], -1)
@@ -70,14 +69,3 @@ def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int,
             item = int(indices[i, rank])
             yield (str(row.client_id), rank + 1, items[item], item, float(values[i, rank]),
                    None if p_sale is None else float(p_sale[i, rank]))
-
-
-def top_unseen(model, states: torch.Tensor, seen: list, k: int, num_items: int,
-               table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, item indices) of each state's top-k items outside its `seen` list (and never
-    padding), taken over the catalog a chunk of items at a time (catalog.chunked_topk). table:
-    catalog.item_table(model.encoder), built once by the caller for all its batches."""
-    excluded = catalog.ItemPairs.from_lists(seen, num_items)
-    bias = model.heads["next_item"].bias
-    return catalog.chunked_topk(lambda lo, hi: states @ table[lo:hi].T + bias[lo:hi],
-                                len(states), num_items, min(k, num_items), excluded)

@@ -333,11 +333,12 @@ def test_score_and_recommend():
     assert torch.allclose(some, full[:, 3:6], atol=1e-5)
     per_row = m.score(states, torch.tensor([[3, 4], [5, 6], [7, 8]]))
     assert torch.allclose(per_row[1], full[1, 5:7], atol=1e-5)
-    exclude = torch.zeros(3, 50, dtype=torch.bool)
-    top_item = full[0].argmax()
-    exclude[0, top_item] = True
-    _, items = m.recommend(states, k=5, exclude=exclude)
+    top_item = int(full[0].argmax())
+    values, items = m.recommend(states, k=5, seen=[[top_item], [], []])
     assert items.shape == (3, 5) and top_item not in items[0] and 0 not in items
+    dense = full.clone()
+    dense[0, top_item] = float("-inf")
+    assert torch.allclose(values, dense.topk(5).values, atol=1e-5)
     p = m.p_sale(states, torch.tensor([1, 2, 3]))
     assert ((p > 0) & (p < 1)).all()
 
