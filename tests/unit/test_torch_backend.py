@@ -111,3 +111,18 @@ def test_making_the_optimizers_state_leaves_the_weights_even_with_weight_decay()
     assert optimizer.state_dict()["state"]
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert [g["weight_decay"] for g in optimizer.param_groups] == [5.0, 0.1]
+
+
+def test_broadcast_state_gives_every_rank_rank_0s_optimizer_state_whatever_theirs_was(tmp_path):
+    """On a resume only rank 0 read the checkpoint. After broadcast_state every rank's optimizer
+    state is rank 0's: its settings, its values, its tensors' data, dtype and place, its keys
+    and no other (a key only another rank had is gone, a tensor of another dtype is remade)."""
+    import json
+
+    worker = str(Path(__file__).parents[1] / "helpers" / "optimizer_state_worker.py")
+    proc = fl.run(torchrun("--no-python", sys.executable, worker, str(tmp_path)), timeout=180)
+    read = {path.stem: json.loads(path.read_text()) for path in tmp_path.glob("*.json")}
+    assert sorted(read) == ["after-0", "after-1", "before-0", "before-1"], proc.stderr[-2000:]
+    assert read["before-1"] != read["before-0"]  # the case is not trivial
+    assert read["after-0"] == read["before-0"]
+    assert read["after-1"] == read["before-0"]
