@@ -44,3 +44,11 @@ def test_a_code_ab_reports_medians_their_ratio_and_whether_the_parameters_matche
     assert same["round_ratios"] == pytest.approx([0.75, 0.8, 1 / 3])
     assert same["same_parameters"]
     assert not code_ab.compare(runs([0.4], "abc"), runs([0.3], "abd"))["same_parameters"]
+
+
+def test_a_code_ab_alternates_which_revision_runs_first():
+    from pathlib import Path
+
+    before, this = Path("before"), Path("this")
+    orders = [[side for side, _ in code_ab.sides_in_round(n, before, this)] for n in range(4)]
+    assert orders == [["before", "this"], ["this", "before"]] * 2
