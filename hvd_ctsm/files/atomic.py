@@ -8,6 +8,28 @@ import tempfile
 from pathlib import Path
 
 
+def _umask() -> int:
+    try:  # Linux says it without changing it
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0)  # elsewhere: set it, then put it back at once
+    os.umask(mask)
+    return mask
+
+
+# What open() gives a new file and mkdir a new folder under this process's umask (0o644 and
+# 0o755 under the usual 022). mkstemp and mkdtemp make theirs 0o600 and 0o700: the model, its
+# metadata and a deployed version were then unreadable to any other user (a serving job, a
+# Spark executor running as another user, a colleague). Read once, at import.
+_MASK = _umask()
+FILE_MODE = 0o666 & ~_MASK
+FOLDER_MODE = 0o777 & ~_MASK
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename inside `path` durable."""
     fd = os.open(path, os.O_RDONLY)
@@ -23,6 +45,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)  # as open() would make it, not mkstemp's 0o600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -57,3 +57,29 @@ def test_a_missing_model_is_one_line_and_exit_2(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "not found" in proc.stderr
+
+
+def test_what_deploy_and_atomic_writes_make_is_as_readable_as_the_umask_allows(tmp_path):
+    """mkstemp's 0o600 and mkdtemp's 0o700 made model.pt, metadata.json and each deployed
+    version unreadable to every other user (a serving job, an executor running as another
+    user). Under a umask of 027, in a fresh process: files 0o640, folders 0o750."""
+    run, report = run_folder(tmp_path, "../features")
+    features = tmp_path / "work" / "features"
+    features.mkdir()
+    (features / "metadata.json").write_text("{}")
+    (features / "vocab.json").write_text('{"items": []}')
+    script = ("import os, sys\nos.umask(0o027)\nfrom pathlib import Path\n"
+              "from hvd_ctsm.files.atomic import atomic_write_bytes\n"
+              "from hvd_ctsm.serving import deploy\n"
+              "atomic_write_bytes(Path(sys.argv[1]) / 'written.json', b'{}')\n"
+              "print(deploy.deploy(sys.argv[2], sys.argv[3], sys.argv[4]))")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path), str(run), str(report),
+                           str(tmp_path / "registry")], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    version = Path(proc.stdout.strip().splitlines()[-1])
+    mode = lambda path: path.stat().st_mode & 0o777  # noqa: E731
+    assert mode(tmp_path / "written.json") == 0o640
+    assert mode(version) == 0o750
+    assert {mode(p) for p in version.iterdir()} == {0o640}
+    assert mode(tmp_path / "registry" / "current") == 0o640
