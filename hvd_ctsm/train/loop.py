@@ -24,8 +24,8 @@ from hvd_ctsm.config import TrainConfig
 from hvd_ctsm.data.batches import plan_epoch, prefetch, train_batches
 from hvd_ctsm.model.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.train import faults
-from hvd_ctsm.train.support import (lr_scale, lr_schedule, make_optimizer, progress_bar,
-                                    rebase_schedule, restore, split_batch, warm_start)
+from hvd_ctsm.train.support import (log_lines_above_the_bar, lr_scale, lr_schedule, make_optimizer,
+                                    progress_bar, rebase_schedule, restore, split_batch, warm_start)
 from hvd_ctsm.train.trainer import (Trainer, describe_loss, patience_evals, start_rank,
                                     stopped_message)
 
@@ -34,7 +34,8 @@ log = logging.getLogger("hvd_ctsm.train")
 
 def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) -> dict:
     trainer = build_trainer(cfg)
-    with faults.note_on_sigterm(lambda: stopped_message(cfg, trainer.model)):
+    with faults.note_on_sigterm(lambda: stopped_message(cfg, trainer.model)), \
+            log_lines_above_the_bar(dist.is_root() and cfg.progress):
         return run_epochs(trainer, resume, init_from)
 
 

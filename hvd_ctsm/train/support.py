@@ -136,6 +136,16 @@ class _NoBar:
         pass
 
 
+def log_lines_above_the_bar(enabled: bool):
+    """While a tqdm bar runs, log lines go through tqdm.write: each on a line of its own above
+    the bar. Written by a plain handler they were glued to the end of the bar's line."""
+    if not enabled:
+        return nullcontext()
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    return logging_redirect_tqdm()
+
+
 def progress_bar(enabled: bool, total: int, initial: int):
     if not enabled:
         return _NoBar()
