@@ -130,7 +130,10 @@ def _write_splits(config, examples, stats: dict, stage: Path, counts: dict) -> t
         if rows == 0:
             raise _no_examples(name, counts)
         data = examples.filter(F.col("split") == name).select(*names)
+        started = time.time()
         groups = write.write_dataset(data, stage / name, rows, config.row_groups)
+        progress(f"wrote {name}: {rows:,} rows, {groups} row groups "
+                 f"({time.time() - started:.0f} s)")
         splits[name] = {
             "rows": rows,
             "targets": int(stats[name]["targets"]),
@@ -200,33 +203,44 @@ def _build_and_upload(spark, config: FeatureConfig, job_settings) -> dict:
     return {**summary, "out": config.out}
 
 
+def progress(line: str) -> None:
+    """One line as each stage ends (at 5x10^7 events a stage takes minutes), on stdout before
+    the summary table: stderr holds only what went wrong (one line) and warnings."""
+    print(f"features: {line}", flush=True)
+
+
 def _build(spark, config: FeatureConfig) -> dict:
     start = last = time.time()
     stages = {}
 
-    def lap(name):  # wall seconds per stage, kept in metadata for benchmarks
+    def lap(name, done):  # wall seconds per stage, kept in metadata for benchmarks
         nonlocal last
         stages[name], last = round(time.time() - last, 2), time.time()
+        progress(f"{done} ({stages[name]:.0f} s; {last - start:.0f} s in all)")
 
     counted = examples = None
     try:
         with outputs.staged(config.out, config.overwrite, "features",
                             input_paths(config)) as stage:
+            progress(f"reading and checking the events of {config.source}")
             source = load_source(spark, config)
             used, counted, counts = _validated(spark, config, source)
-            lap("validate")
+            lap("validate", f"{counts['input_rows']:,} events read, {counts['used']:,} used, "
+                f"{sum(counts['rejected'].values()):,} rejected; {counts['clients']:,} clients, "
+                f"{counts['items']:,} items")
             previous = vocab.load_vocab(config.previous_vocab)
             vocabulary = vocab.build_vocab(used, source.item_attrs, source.client_attrs, previous)
-            lap("vocabulary")
+            lap("vocabulary", "vocabularies made")
             examples = _examples(config, source, used, vocabulary, counts["used"]).persist(
                 StorageLevel.MEMORY_AND_DISK
             )
             stats = _split_stats(examples)
             _check_serving_rows(stats, counts["clients"])
-            lap("examples")
+            lap("examples", "examples: " + ", ".join(
+                f"{stats[name]['rows']:,} {name}" for name in OUTPUT_SPLITS if name in stats))
             splits, skipped = _write_splits(config, examples, stats, stage, counts)
             write.write_atomic(stage / "vocab.json", vocab.vocab_bytes(vocabulary))
-            lap("write")
+            lap("write", "every split written")
             meta = _metadata(config, counts, vocabulary, splits, skipped, time.time() - start)
             meta["stage_seconds"] = stages
             write.write_json_atomic(stage / "metadata.json", meta)
