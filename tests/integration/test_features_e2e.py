@@ -302,7 +302,7 @@ def test_events_source_accounting_vocab_stability_and_asof(spark, tmp_path):
 
 
 @pytest.mark.both_stacks
-def test_cli_time_split_on_synthetic(tmp_path, spark):
+def test_cli_time_split_on_synthetic(tmp_path, spark, capsys):
     out = tmp_path / "syn"
     t1, t2 = "2020-10-01", "2021-01-01"
     argv = [
@@ -322,6 +322,12 @@ def test_cli_time_split_on_synthetic(tmp_path, spark):
         "local[2]",
     ]
     assert main(argv) == 0
+    said = capsys.readouterr()
+    stages = [line.split(":")[1].split()[0] for line in said.out.splitlines()
+              if line.startswith("features: ")]  # a line as each stage ends, then the table
+    assert stages == ["reading", "8,000", "vocabularies", "examples", "wrote", "wrote", "wrote",
+                      "wrote", "every"], said.out
+    assert said.err == ""
     assert main(argv) == 2  # exists, no --overwrite: bad input, refused before Spark starts
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["split"] == {"kind": "time", "cutoffs": [1601510400, 1609459200]}
