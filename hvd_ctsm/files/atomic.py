@@ -30,6 +30,15 @@ FILE_MODE = 0o666 & ~_MASK
 FOLDER_MODE = 0o777 & ~_MASK
 
 
+def readable_as_plain_writes_are(chmod) -> None:
+    """Run chmod (to FILE_MODE or FOLDER_MODE); a filesystem that refuses modes (some FUSE
+    mounts of object stores) keeps its own, as it would for a plain write."""
+    try:
+        chmod()
+    except (OSError, NotImplementedError):
+        pass
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename inside `path` durable."""
     fd = os.open(path, os.O_RDONLY)
@@ -45,7 +54,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, FILE_MODE)  # as open() would make it, not mkstemp's 0o600
+        readable_as_plain_writes_are(lambda: os.fchmod(fd, FILE_MODE))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
