@@ -338,17 +338,19 @@ def chunked_topk(score_chunk: Callable[[int, int], torch.Tensor], num_rows: int,
     score_chunk(lo, hi) gives [rows, hi - lo] scores, one chunk at a time, merged as they come.
     The same as a dense topk of the masked scores wherever scores are distinct."""
     pairs = excluded.by_item() if excluded is not None else None
-    values = torch.full((num_rows, 0), float("-inf"))
-    indices = torch.zeros((num_rows, 0), dtype=torch.long)
+    values = indices = None
     for lo in range(0, num_items, chunk):
         hi = min(lo + chunk, num_items)
         scores = score_chunk(lo, hi).float()
+        if values is None:  # on the scores' device (a model's on a GPU)
+            values = scores.new_full((num_rows, 0), float("-inf"))
+            indices = torch.zeros((num_rows, 0), dtype=torch.long, device=scores.device)
         if pairs is not None:
             rows, cols = pairs.in_chunk(lo, hi)
-            scores[rows, cols] = float("-inf")
+            scores[rows.to(scores.device), cols.to(scores.device)] = float("-inf")
         if lo == 0:
             scores[:, 0] = float("-inf")
-        ids = torch.arange(lo, hi).expand(num_rows, -1)
+        ids = torch.arange(lo, hi, device=scores.device).expand(num_rows, -1)
         values, picked = torch.cat([values, scores], 1).topk(min(k, values.shape[1] + hi - lo),
                                                               dim=1, sorted=True)
         indices = torch.cat([indices, ids], 1).gather(1, picked)
