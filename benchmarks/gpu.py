@@ -142,6 +142,7 @@ def step_cell(batches: list[dict], dataset, items: int, loss: str, amp: str, ste
         if lazy:  # every row brought up to the last step, as before a validation
             lazy.settle()
             row["settled_finite"] = bool(torch.isfinite(model.encoder.item.weight).all())
+            row |= recommend_cell(model, batches[0], sync)
         step = statistics.median(times)
         targets = statistics.mean(len(b["target_item"]) for b in batches)
         row |= {"s_per_step": round(step, 5), "targets_per_s": round(targets / step),
@@ -155,6 +156,26 @@ def step_cell(batches: list[dict], dataset, items: int, loss: str, amp: str, ste
         if cuda:
             torch.cuda.empty_cache()
     return row
+
+
+def recommend_cell(model, batch: dict, sync) -> dict:
+    """Each of a batch's targets' top-10 over the whole catalog, its history's items left out
+    (CTSM.recommend: item chunks with a running merge, on the model's device): the seconds it
+    took and whether every target got 10 finite scores."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        states = model.states_at(batch)
+        seen = batch["item"][batch["target_row"]].cpu().tolist()
+        sync()
+        t0 = time.perf_counter()
+        values, items = model.recommend(states, 10, seen)
+        sync()
+    model.train()
+    return {"recommend_s": round(time.perf_counter() - t0, 4),
+            "recommend_ok": items.shape == (len(states), 10)
+            and bool(torch.isfinite(values).all())}
 
 
 def steps_part(data: Path, results: Results, budget: float, steps: int, warmup: int,
@@ -272,17 +293,19 @@ def render(p: dict) -> list[str]:
            "or Horovod installed (`scripts/gpu_check.sh`). " + p.get("note", ""), "",
            "**Training step by catalog size** (real ML-100K batches of 64 rows, about 5,200 "
            "targets; the vocabulary enlarged, one GPU; median of the timed steps):", "",
-           "| items | loss | AMP | item rows | s/step | targets/s | peak GPU GiB |",
-           "| ---: | --- | --- | --- | ---: | ---: | ---: |"]
+           "| items | loss | AMP | item rows | s/step | targets/s | peak GPU GiB | top-10 s |",
+           "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: |"]
     for r in p["steps"]:
         rows = ROWS[r.get("rows", "dense")]  # results before 2026-11-28: dense
         if "error" in r:
             out.append(f"| {r['items']:,} | {r['loss']} | {r['amp']} | {rows} | {r['error']} "
-                       "| | |")
+                       "| | | |")
         else:
             peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"  # None: a CPU
+            # the lazy rows' cells since 2026-11-29: a batch's top-10 (CTSM.recommend)
+            top = f"{r['recommend_s']:.3f}" if "recommend_s" in r else "-"
             out.append(f"| {r['items']:,} | {r['loss']} | {r['amp']} | {rows} | "
-                       f"{r['s_per_step']:.4f} | {r['targets_per_s']:,} | {peak} |")
+                       f"{r['s_per_step']:.4f} | {r['targets_per_s']:,} | {peak} | {top} |")
     out += ["", "**ML-100K, the default config on one GPU** (`torchrun --nproc-per-node 1`, "
             "strict ties, effective batch 64, test split; seconds include torchrun's start):", "",
             "| AMP | seed | full NDCG@10 | full HR@10 | sampled NDCG@10 | epochs | train s |",

@@ -208,6 +208,7 @@ def test_the_gpu_checks_dry_run_trains_the_trainers_default_item_rows(tiny_featu
     lazy = [r for r in steps if r["rows"] == "lazy"]
     assert {r["amp"] for r in lazy} == {"bf16", "off"} and all(r["loss"] == "shared" for r in lazy)
     assert all(r["finite"] and r["settled_finite"] for r in lazy), lazy
+    assert all(r["recommend_ok"] and r["recommend_s"] > 0 for r in lazy), lazy
     # rendered beside the stored GPU run's description (this machine has no GPU to describe)
     stored = json.loads((Path(gpu.__file__).parent / "results/gpu.json").read_text())
     assert any(line.startswith("| 10,000 | shared | off | sparse, caught up |")
