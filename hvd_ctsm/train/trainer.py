@@ -373,7 +373,12 @@ class Trainer:
                                json.dumps(summary, indent=2).encode())
             self.writer.close()
             in_sync = len(set(checksums)) == 1
-            log.info("done after %d steps; ranks in sync: %s", summary["steps"], in_sync)
+            epoch, best = summary["model_epoch"], summary["best"].get("ndcg@10")
+            kept = (f"epoch {epoch}'s weights (the best validation NDCG@10, {best:.4f})"
+                    if epoch is not None else "the last weights")
+            steps = summary["steps"]
+            log.info("done after %d step%s: %s in %s; ranks in sync: %s", steps,
+                     "" if steps == 1 else "s", kept, self.out / "model.pt", in_sync)
             if not in_sync:  # every rank took the same steps from the same start: a bug
                 log.warning("the ranks ended with different weights (train_summary.json); the "
                             "model is rank 0's. Please report it with the run's config.yaml")
