@@ -3,6 +3,7 @@ micro-batches, and the checks a launch passes before any worker starts its backe
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -274,3 +275,12 @@ def check_launch(cfg: TrainConfig, options) -> None:
     if options.elastic and cfg.data.balance != "rows":
         raise ConfigError(f"data.balance={cfg.data.balance} is for the plain route; --elastic "
                           "batches by rows: drop the setting or --elastic")
+
+
+def parameter_checksum(model: torch.nn.Module) -> str:
+    """sha256 of every tensor of the model's state, by name: equal on every rank in sync."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -37,7 +36,8 @@ from hvd_ctsm.model.checkpoint import CheckpointManager, save_state
 from hvd_ctsm.model.ctsm import CTSM, ModelSizes
 from hvd_ctsm.train import faults, lazy_rows
 from hvd_ctsm.train.cpu_memory import keep_freed_memory
-from hvd_ctsm.train.support import StepTimer, autocast_for, build_model_sizes, set_schedule
+from hvd_ctsm.train.support import (StepTimer, autocast_for, build_model_sizes, parameter_checksum,
+                                    set_schedule)
 from hvd_ctsm.train.weight_average import WeightAverage
 
 log = logging.getLogger("hvd_ctsm.train")
@@ -401,14 +401,6 @@ class Trainer:
         log.info("epoch %d val full ndcg@10=%.4f hr@10=%.4f | sampled ndcg@10=%.4f hr@10=%.4f",
                  record["epoch"], metrics["full"]["ndcg@10"], metrics["full"]["hr@10"],
                  metrics["sampled"]["ndcg@10"], metrics["sampled"]["hr@10"])
-
-
-def parameter_checksum(model: torch.nn.Module) -> str:
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _concat(per_rank: list[list[np.ndarray]]) -> np.ndarray:
