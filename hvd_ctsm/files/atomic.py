@@ -30,11 +30,11 @@ FILE_MODE = 0o666 & ~_MASK
 FOLDER_MODE = 0o777 & ~_MASK
 
 
-def readable_as_plain_writes_are(chmod) -> None:
-    """Run chmod (to FILE_MODE or FOLDER_MODE); a filesystem that refuses modes (some FUSE
-    mounts of object stores) keeps its own, as it would for a plain write."""
+def set_mode(target: int | Path, mode: int) -> None:
+    """chmod a path or an open file descriptor to FILE_MODE or FOLDER_MODE; a filesystem that
+    refuses modes (some FUSE mounts of object stores) keeps its own, as for a plain write."""
     try:
-        chmod()
+        os.chmod(target, mode)
     except (OSError, NotImplementedError):
         pass
 
@@ -54,7 +54,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        readable_as_plain_writes_are(lambda: os.fchmod(fd, FILE_MODE))
+        set_mode(fd, FILE_MODE)  # as open() would make it, not mkstemp's 0o600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from hvd_ctsm import tracking
 from hvd_ctsm.errors import arg_parser
-from hvd_ctsm.files.atomic import FOLDER_MODE, atomic_write_bytes, readable_as_plain_writes_are
+from hvd_ctsm.files.atomic import FOLDER_MODE, atomic_write_bytes, set_mode
 from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import model_file
 
@@ -107,8 +107,7 @@ def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path
         outputs.mark(registry, "registry")
     staging = Path(tempfile.mkdtemp(dir=registry, prefix=".staging-"))
     try:
-        # the version folder: readable as mkdir makes it, not mkdtemp's 0o700
-        readable_as_plain_writes_are(lambda: staging.chmod(FOLDER_MODE))
+        set_mode(staging, FOLDER_MODE)  # the version: as mkdir makes it, not mkdtemp's 0o700
         for name, src in files.items():
             shutil.copyfile(src, staging / name)
         version = next_version(registry)

@@ -15,7 +15,7 @@ from hvd_ctsm.distributed.base import create_optimizer_state
 
 def described(optimizer) -> dict:
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    state = [{key: (value.dtype.__repr__(), list(value.shape), value.flatten().tolist(),
+    state = [{key: (repr(value.dtype), list(value.shape), value.flatten().tolist(),
                     str(value.device))
               if torch.is_tensor(value) else value
               for key, value in sorted(optimizer.state[p].items())} for p in params]

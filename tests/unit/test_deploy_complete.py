@@ -28,6 +28,14 @@ def run_folder(tmp_path: Path, data: str) -> tuple[Path, Path]:
     return run, report
 
 
+def features_beside(tmp_path: Path) -> None:
+    """The dataset a run_folder(tmp_path, "../features") report names: metadata and vocab."""
+    features = tmp_path / "work" / "features"
+    features.mkdir()
+    (features / "metadata.json").write_text("{}")
+    (features / "vocab.json").write_text('{"items": []}')
+
+
 def test_a_version_without_metadata_and_vocab_is_refused(tmp_path):
     run, report = run_folder(tmp_path, "no-such-features")
     registry = tmp_path / "registry"
@@ -39,10 +47,7 @@ def test_a_version_without_metadata_and_vocab_is_refused(tmp_path):
 
 def test_a_relative_data_path_is_found_beside_the_report_and_the_copy_checked(tmp_path):
     run, report = run_folder(tmp_path, "../features")  # relative to the report's folder
-    features = tmp_path / "work" / "features"
-    features.mkdir()
-    (features / "metadata.json").write_text("{}")
-    (features / "vocab.json").write_text('{"items": []}')
+    features_beside(tmp_path)
     version = deploy.deploy(run, report, tmp_path / "registry")
     assert deploy.current(tmp_path / "registry") == version
     assert (version / "vocab.json").read_text() == '{"items": []}'
@@ -64,10 +69,7 @@ def test_what_deploy_and_atomic_writes_make_is_as_readable_as_the_umask_allows(t
     version unreadable to every other user (a serving job, an executor running as another
     user). Under a umask of 027, in a fresh process: files 0o640, folders 0o750."""
     run, report = run_folder(tmp_path, "../features")
-    features = tmp_path / "work" / "features"
-    features.mkdir()
-    (features / "metadata.json").write_text("{}")
-    (features / "vocab.json").write_text('{"items": []}')
+    features_beside(tmp_path)
     script = ("import os, sys\nos.umask(0o027)\nfrom pathlib import Path\n"
               "from hvd_ctsm.files.atomic import atomic_write_bytes\n"
               "from hvd_ctsm.serving import deploy\n"
