@@ -11,12 +11,9 @@ import hashlib
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-
-from spark_jobs.pandas_frames import object_strings
 
 PAD = "<pad>"
 UNKNOWN = "<unknown>"
@@ -186,11 +183,12 @@ def vocab_sizes(vocab: dict) -> dict:
 
 
 def index_frame(spark, values: list[str], key: str, index: str) -> DataFrame:
-    """(key, index) rows for the non-padding entries, for joins that map raw ids to indices
-    (from a pandas frame: Arrow moves 10^6 rows in a second, Python tuples take a minute)."""
-    frame = pd.DataFrame({key: pd.Series(values[1:], dtype=object),
-                          index: np.arange(1, len(values), dtype=np.int32)})
-    return spark.createDataFrame(object_strings(frame), f"{key} string, {index} int")
+    """(key, index) rows for the non-padding entries, for joins that map raw ids to indices.
+    From a list of tuples: built from a pandas frame, the join with 10^6 items was slower
+    (10.8-14.0 s against 5.7-11.2 s side by side)."""
+    return spark.createDataFrame(
+        [(v, i) for i, v in enumerate(values) if i > 0], f"{key} string, {index} int"
+    )
 
 
 def index_items(events: DataFrame, vocab: dict) -> DataFrame:
