@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
 
 from hvd_ctsm.files.atomic import atomic_write_bytes
 
@@ -51,8 +52,8 @@ def petastorm_writes() -> bool:
 def write_dataset(df: DataFrame, path: Path, n_rows: int, row_groups: int) -> int:
     """Write `df` (the schema's columns, already encoded) as a dataset; return row groups.
 
-    Deterministic: rows are sorted (ROW_ORDER), numbered, and file f gets the rows numbered
-    [f * n / files, (f + 1) * n / files), sorted again inside the file; files are then renamed
+    Deterministic: file f gets the rows numbered [f * n / files, (f + 1) * n / files) in
+    ROW_ORDER, sorted inside the file (`_placed`); files are then renamed
     part-00000.parquet, ... So the same input gives the same files holding the same rows in the
     same order (round-robin repartitioning dealt rows differently on every run). With fewer
     rows than `row_groups` the split gets one row per file (all that is possible).
@@ -109,11 +110,69 @@ def _metadata_writer(spark, url: str):
 
 
 def _placed(df: DataFrame, files: int, n_rows: int) -> DataFrame:
-    """`df` in `files` partitions, each a contiguous, sorted slice of the rows in ROW_ORDER."""
-    numbered = df.orderBy(*ROW_ORDER).rdd.zipWithIndex()
-    keyed = numbered.map(lambda pair: (pair[1] * files // n_rows, pair[0]))
-    placed = keyed.partitionBy(files, lambda f: f).values()
-    return df.sparkSession.createDataFrame(placed, df.schema).sortWithinPartitions(*ROW_ORDER)
+    """`df` in `files` partitions, partition f holding the rows numbered [f * n / files,
+    (f + 1) * n / files) in ROW_ORDER, sorted.
+
+    All in Spark's JVM, no row through Python: the clients' row counts (sorted by Spark) give
+    where each file starts, as a client and a rank among that client's rows; only the clients
+    where a file starts (at most files - 1) need their rows ranked. Rows with equal keys are
+    equal rows, so ties may rank either way without changing what a file holds.
+    """
+    if files == 1:
+        return df.repartition(1).sortWithinPartitions(*ROW_ORDER)
+    starts = _file_starts(df, files, n_rows)
+    cut_clients = sorted({client for client, _ in starts})
+    at_cut = F.col("client_id").isin(cut_clients)
+    ranked = df.filter(at_cut).withColumn("_rank", F.row_number().over(
+        Window.partitionBy("client_id").orderBy(*ROW_ORDER[1:])) - 1)
+    rows = df.filter(~at_cut).withColumn("_rank", F.lit(0)).unionByName(ranked)
+    file = sum(((F.col("client_id") > client)  # file f starts at starts[f - 1]
+                | ((F.col("client_id") == client) & (F.col("_rank") >= rank))).cast("int")
+               for client, rank in starts)
+    slot = F.element_at(F.array(*[F.lit(k) for k in _partition_keys(df.sparkSession, files)]),
+                        file + 1)
+    return (rows.withColumn("_slot", slot).repartition(files, "_slot")
+            .sortWithinPartitions(*ROW_ORDER).drop("_slot", "_rank"))
+
+
+def _file_starts(df: DataFrame, files: int, n_rows: int) -> list[tuple[str, int]]:
+    """(client, rank among its rows) of the first row of files 1 .. files - 1."""
+    # Sorted here, not by Spark (one shuffle less): Python orders str by code point, Spark orders
+    # strings by their UTF-8 bytes, and UTF-8 keeps code point order.
+    counts = df.groupBy("client_id").count().toPandas().sort_values("client_id")
+    if int(counts["count"].sum()) != n_rows:
+        raise RuntimeError(f"row accounting: {n_rows} rows expected, "
+                           f"{int(counts['count'].sum())} counted")
+    return file_starts(counts["client_id"].tolist(), counts["count"].tolist(), files)
+
+
+def file_starts(clients: list[str], counts: list[int], files: int) -> list[tuple[str, int]]:
+    """Where files 1 .. files - 1 start, given each client's row count in ROW_ORDER: file f
+    starts at row ceil(f * n / files), the first row i with i * files // n == f."""
+    n_rows, starts, c, before = sum(counts), [], 0, 0
+    for f in range(1, files):
+        first = -(-f * n_rows // files)
+        while before + counts[c] <= first:
+            before, c = before + counts[c], c + 1
+        starts.append((clients[c], first - before))
+    return starts
+
+
+def _partition_keys(spark, files: int) -> list[int]:
+    """For each f < files, an int that Spark's `repartition(files, column)` sends to partition
+    f (it hashes with Murmur3, seed 42, as F.hash does), so that file f is partition f."""
+    if files not in _PARTITION_KEYS:
+        ints = spark.range(64 * files).select(F.col("id").cast("int").alias("k"))
+        found = (ints.select("k", F.pmod(F.hash("k"), F.lit(files)).alias("p"))
+                 .groupBy("p").agg(F.min("k").alias("k")).collect())
+        keys = {row["p"]: row["k"] for row in found}
+        if len(keys) != files:  # 64 tries a partition: not seen in practice
+            raise RuntimeError(f"no key for {files - len(keys)} of {files} partitions")
+        _PARTITION_KEYS[files] = [keys[f] for f in range(files)]
+    return _PARTITION_KEYS[files]
+
+
+_PARTITION_KEYS: dict[int, list[int]] = {}  # Spark's hash is fixed: one Spark job per count
 
 
 def _stable_names(path: Path) -> None:

@@ -146,3 +146,24 @@ def test_time_split_first_event_of_each_window(spark):
         ("a", 25, 25): None,
         ("b", 15, 1): "validation",
     }
+
+
+def test_each_split_file_holds_its_exact_slice_of_the_rows_in_order(spark):
+    """File f gets rows [f * n / files, (f + 1) * n / files) of ROW_ORDER, sorted: with several
+    rows a client, files that start inside a client, equal rows, and client ids whose UTF-8
+    bytes and code points must order alike."""
+    from spark_jobs import write
+
+    clients = ["a", "b", "Z", "é", "日本", "z", "a b", "\u00ff"]
+    rows = [(c, [t % 3, t], [t + 1]) for i, c in enumerate(clients) for t in range(1 + 3 * i)]
+    rows += [rows[5], rows[5], ("z", [], [])]  # equal rows, empty histories
+    df = spark.createDataFrame(
+        rows, "client_id string, timestamp array<bigint>, target_time array<bigint>")
+    ordered = sorted((c, list(t), list(g)) for c, t, g in rows)
+    n = len(rows)
+    for files in (1, 2, 7, 16, n):
+        parts = write._placed(df, files, n).rdd.glom().collect()
+        assert len(parts) == files
+        for f, part in enumerate(parts):
+            got = [(r["client_id"], list(r["timestamp"]), list(r["target_time"])) for r in part]
+            assert got == ordered[-(-f * n // files):-(-(f + 1) * n // files)], (files, f)

@@ -12,6 +12,7 @@ from hvd_ctsm.data.schema import EVENT_TYPE_INDEX, log_hours
 from spark_jobs.config import FeatureConfig, parse_time
 from spark_jobs.sequences import client_examples
 from spark_jobs.vocab import era_name, extend_vocab, item_tag_names, year_edges
+from spark_jobs.write import file_starts
 
 
 def client_frame(ts, roles, items=None, n_attrs=1):
@@ -255,3 +256,19 @@ def test_text_columns_reach_spark_as_python_objects():
     assert out["n"].dtype == frame["n"].dtype and out["kept"].dtype == object
     plain = frame.drop(columns="id")
     assert object_strings(plain) is plain
+
+
+def test_file_starts_name_the_client_and_rank_of_each_files_first_row():
+    """The split writer's plan: file f starts at the first row i (in row order) with
+    i * files // n == f; checked against every row numbered one by one."""
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        counts = rng.integers(1, 6, size=int(rng.integers(1, 30))).tolist()
+        clients = [f"c{i:03d}" for i in range(len(counts))]
+        rows = [(c, rank) for c, k in zip(clients, counts, strict=True) for rank in range(k)]
+        n = len(rows)
+        files = int(rng.integers(1, n + 1))
+        first = {}
+        for i, row in enumerate(rows):
+            first.setdefault(i * files // n, row)
+        assert file_starts(clients, counts, files) == [first[f] for f in range(1, files)]
