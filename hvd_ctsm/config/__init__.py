@@ -76,17 +76,18 @@ class OptimConfig:
     """Floor of the cosine decay, as a fraction of the peak lr."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
-    item_weight_decay: float | None = None
+    item_weight_decay: float | str | None = "auto"
     """AdamW weight decay on the item table alone (the item vectors the encoder reads and the
     next-item head scores with), in place of weight_decay for it; None: weight_decay, as every
-    other parameter. A rare item's vector is pushed by the few events it is the target of and
+    other parameter; 'auto': 5 where the training split has fewer than 8 targets per catalog
+    item, else None (hvd_ctsm.train.support.resolve_item_weight_decay; the trainer logs what
+    it chose). A rare item's vector is pushed by the few events it is the target of and
     barely pulled back by the softmax, where it is a negative of tiny probability; decay pulls
     it back towards zero, which leaves its score to the item bias (its popularity). 5 validated
-    higher (3 seeds each, full and sampled NDCG@10) at 5-7 training targets an item and on
-    ML-100K (58); at 9, 14 and 70 it cost full NDCG@10 (0.001 at 9; at 9 and 14 it raised
-    sampled NDCG@10 by 0.03 and 0.01), and on the synthetic set (192) too: no default by
-    targets per item held, so it is an option for sparse purchase logs (benchmarks/QUALITY.md,
-    "Decay on the item table" and after)."""
+    higher (3 seeds each, full and sampled NDCG@10) on every shape at 5-7 training targets an
+    item (six) and on ML-100K (58); at 9, 14 and 70 it cost full NDCG@10 (0.001 at 9; at 9 and
+    14 it raised sampled NDCG@10 by 0.03 and 0.01), and on the synthetic set (192) too
+    (benchmarks/QUALITY.md, "Decay on the item table" and after)."""
     adam_beta2: float = 0.999
     """AdamW's decay of its average of squared gradients (PyTorch's default; SASRec's authors
     used 0.98). It averages over about 1 / (1 - adam_beta2) steps: with 0.999 that is longer
@@ -116,8 +117,9 @@ class OptimConfig:
         check(self.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
         check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio must be in [0, 1]")
         check(self.weight_decay >= 0 and self.clip_grad_norm >= 0, "must be >= 0")
-        check(self.item_weight_decay is None or self.item_weight_decay >= 0,
-              "optim.item_weight_decay must be >= 0 (or null: optim.weight_decay)")
+        check(self.item_weight_decay in (None, "auto") or (
+            not isinstance(self.item_weight_decay, str) and self.item_weight_decay >= 0),
+              "optim.item_weight_decay must be >= 0, auto, or null (optim.weight_decay)")
         check(0.0 < self.adam_beta2 < 1.0,
                f"optim.adam_beta2 must be in (0, 1), got {self.adam_beta2}")
         check(0.0 <= self.ema_decay < 1.0,

@@ -87,9 +87,15 @@ def convert(name: str, value, hint):
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        check(len(inner) == 1, f"{name}: unsupported type {hint}")
         if value is None or (isinstance(value, str) and value.strip().lower() in _NULLS):
+            check(type(None) in args, f"{name} may not be null")
             return None
+        if inner[1:] == [str]:  # a number or a word (float | str: 5 or 'auto')
+            try:
+                return convert(name, value, inner[0])
+            except ConfigError:
+                return _to_str(name, value)
+        check(len(inner) == 1, f"{name}: unsupported type {hint}")
         return convert(name, value, inner[0])
     if origin is dict:
         mapping = yaml.safe_load(value) if isinstance(value, str) else value

@@ -35,6 +35,11 @@ class DatasetMeta(dict):
         return int(self["vocab"]["items"])
 
     @property
+    def train_targets_per_item(self) -> float:
+        """The training split's targets per catalog item (padding not counted)."""
+        return int(self["splits"]["train"]["targets"]) / max(self.num_items - 1, 1)
+
+    @property
     def attr_names(self) -> list[str]:
         """Client attributes, in the order of the `client_attrs` column."""
         return list(self.get("attrs", []))

@@ -19,12 +19,14 @@ from hvd_ctsm.train import faults
 from hvd_ctsm.train.elastic import (GlobalOrder, RowGroupCache, SampleClock, announce_size,
                                     check_elastic_config, epoch_batches, plan_or_fail, row_groups,
                                     set_lr_scale)
-from hvd_ctsm.train.support import lr_scale, lr_schedule, make_optimizer, progress_bar, warm_start
+from hvd_ctsm.train.support import (lr_scale, lr_schedule, make_optimizer, progress_bar, warm_start,
+                                    with_item_decay_resolved)
 from hvd_ctsm.train.trainer import Trainer, start_rank
 
 
 def build(cfg, init_from) -> tuple[Trainer, list, SampleClock, int]:
     dataset, device, model = start_rank(cfg)
+    cfg = with_item_decay_resolved(cfg, dataset.meta, announce=dist.is_root())
     if init_from:
         # rank 0 loads; the first sync broadcasts its weights
         warm_start(model, init_from, dist.is_root())

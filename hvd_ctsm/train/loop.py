@@ -25,7 +25,8 @@ from hvd_ctsm.data.batches import plan_epoch, prefetch, train_batches
 from hvd_ctsm.model.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.train import faults
 from hvd_ctsm.train.support import (log_lines_above_the_bar, lr_scale, lr_schedule, make_optimizer,
-                                    progress_bar, rebase_schedule, restore, split_batch, warm_start)
+                                    progress_bar, rebase_schedule, restore, split_batch, warm_start,
+                                    with_item_decay_resolved)
 from hvd_ctsm.train.trainer import (Trainer, describe_loss, patience_evals, start_rank,
                                     stopped_message)
 
@@ -100,6 +101,7 @@ def run_epochs(trainer: Trainer, resume: bool, init_from: str | None) -> dict:
 def build_trainer(cfg: TrainConfig) -> Trainer:
     """Model, optimizer and schedule for epochs of `plan_epoch` steps on every rank."""
     dataset, device, model = start_rank(cfg)
+    cfg = with_item_decay_resolved(cfg, dataset.meta, announce=dist.is_root())
     micro = cfg.dist.backward_passes_per_step
     plan = plan_epoch(dataset.split("train"), dist.size(), cfg.data.batch_size * micro,
                       cfg.data.balance)

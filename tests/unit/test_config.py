@@ -142,7 +142,7 @@ def test_the_optimizer_takes_adam_beta2_from_the_config():
 
     model = torch.nn.Linear(2, 1)
     for overrides, beta2 in (([], 0.999), (["optim.adam_beta2=0.98"], 0.98)):
-        optim = load_config(None, overrides).optim
+        optim = load_config(None, ["optim.item_weight_decay=null", *overrides]).optim
         group = make_optimizer(model, optim, lr=0.01).param_groups[0]
         assert group["betas"] == (0.9, beta2) and group["lr"] == 0.01
 
@@ -166,3 +166,54 @@ def test_item_weight_decay_puts_the_item_table_in_a_group_of_its_own():
         list(model.parameters()))
     with pytest.raises(ConfigError, match="item_weight_decay"):
         load_config(None, ["optim.item_weight_decay=-1"])
+
+
+def test_auto_item_decay_is_5_below_8_training_targets_an_item_and_none_above():
+    import dataclasses
+
+    import torch
+
+    from hvd_ctsm.data.dataset_meta import DatasetMeta
+    from hvd_ctsm.train.support import (make_optimizer, resolve_item_weight_decay,
+                                        with_item_decay_resolved)
+
+    assert load_config(None, []).optim.item_weight_decay == "auto"
+    assert resolve_item_weight_decay("auto", 7.9) == 5.0
+    assert resolve_item_weight_decay("auto", 8.0) is None
+    assert resolve_item_weight_decay(2.0, 1.0) == 2.0 and resolve_item_weight_decay(None, 1) is None
+    for value, parsed in (("auto", "auto"), ("null", None), ("0", 0.0), ("5", 5.0)):
+        assert load_config(None, [f"optim.item_weight_decay={value}"]).optim.item_weight_decay \
+            == parsed
+    with pytest.raises(ConfigError, match="item_weight_decay"):
+        load_config(None, ["optim.item_weight_decay=often"])
+
+    def meta(train_targets: int, items: int) -> DatasetMeta:  # vocab counts padding's index 0
+        return DatasetMeta({"splits": {"train": {"targets": train_targets}},
+                            "vocab": {"items": items + 1}})
+
+    cfg = load_config(None, ["data.path=x"])
+    sparse = with_item_decay_resolved(cfg, meta(7_000, 1_000))
+    assert sparse.optim.item_weight_decay == 5.0 and cfg.optim.item_weight_decay == "auto"
+    assert with_item_decay_resolved(cfg, meta(8_000, 1_000)).optim.item_weight_decay is None
+    set_by_user = load_config(None, ["data.path=x", "optim.item_weight_decay=2"])
+    assert with_item_decay_resolved(set_by_user, meta(10, 1_000)) is set_by_user
+    with pytest.raises(ValueError, match="with_item_decay_resolved"):
+        make_optimizer(torch.nn.Linear(2, 1), cfg.optim, lr=0.01)
+    assert dataclasses.replace(sparse.optim, lr=1.0).item_weight_decay == 5.0
+
+
+def test_a_resume_across_item_decay_settings_names_the_setting_that_resumes_it():
+    import torch
+
+    from hvd_ctsm.train.support import check_same_param_groups
+
+    one = torch.optim.AdamW(torch.nn.Linear(2, 1).parameters())
+    model = torch.nn.Linear(2, 2)
+    two = torch.optim.AdamW([{"params": [model.weight]}, {"params": [model.bias]}])
+    old = {"optimizer": one.state_dict(), "config": {"optim": {}}}  # saved before the setting
+    check_same_param_groups(old, one)
+    with pytest.raises(ConfigError, match="optim.item_weight_decay=null"):
+        check_same_param_groups(old, two)
+    decayed = {"optimizer": two.state_dict(), "config": {"optim": {"item_weight_decay": 5.0}}}
+    with pytest.raises(ConfigError, match="optim.item_weight_decay=5.0, and this run"):
+        check_same_param_groups(decayed, one)
