@@ -43,13 +43,15 @@ VOLATILE = {"out", "seed", "progress", "keep_checkpoints", "log_every_steps", "c
             "tracking", "debug"}
 
 
-def config_fingerprint(trainer_args: list[str], items: int | None = None) -> str:
+def config_fingerprint(trainer_args: list[str], items: int | None = None,
+                       targets_per_item: float | None = None) -> str:
     """A cell's identity: its resolved config (today's defaults filled in), less VOLATILE;
-    `items`, the catalog size where known, resolves model.loss=auto (_fingerprint)."""
+    `items`, the catalog size where known, resolves model.loss=auto, and `targets_per_item`,
+    the training split's where known, optim.item_weight_decay=auto (_fingerprint)."""
     from hvd_ctsm.config import config_from_argv, to_dict
 
     cfg, _ = config_from_argv(["--data", "_", *trainer_args])
-    return _fingerprint(to_dict(cfg), items)
+    return _fingerprint(to_dict(cfg), items, targets_per_item)
 
 
 def saved_config(run_folder: Path) -> dict | None:
@@ -67,7 +69,8 @@ def saved_config(run_folder: Path) -> dict | None:
     return config
 
 
-def record_fingerprint(record: dict, items: int | None = None) -> str | None:
+def record_fingerprint(record: dict, items: int | None = None,
+                       targets_per_item: float | None = None) -> str | None:
     """The fingerprint of a logged trial's config read through today's config classes, so that
     settings added since do not tell apart trials that trained the same model; None
     when the record has no config or today's classes refuse it (a setting was removed)."""
@@ -82,13 +85,15 @@ def record_fingerprint(record: dict, items: int | None = None) -> str | None:
     config["model"] = LEGACY_ARCH | config.get("model", {})
     config["optim"] = LEGACY_OPTIM | config.get("optim", {})
     try:
-        return _fingerprint(to_dict(from_dict(TrainConfig, config)), items)
+        return _fingerprint(to_dict(from_dict(TrainConfig, config)), items, targets_per_item)
     except (ConfigError, TypeError, ValueError):
         return None
 
 
-def _fingerprint(values: dict, items: int | None = None) -> str:
+def _fingerprint(values: dict, items: int | None = None,
+                 targets_per_item: float | None = None) -> str:
     from hvd_ctsm.model.heads import resolve_loss
+    from hvd_ctsm.train.support import resolve_item_weight_decay
 
     values = {k: v for k, v in values.items() if k not in VOLATILE}
     values["data"] = {k: v for k, v in values["data"].items() if k != "path"}
@@ -98,6 +103,11 @@ def _fingerprint(values: dict, items: int | None = None) -> str:
         model = values["model"] = dict(values["model"])
         model["loss"] = resolve_loss(model["loss"], items, model["future_targets"],
                                      model["uniform_bce_weight"])
+    if targets_per_item is not None:
+        # likewise 'auto' decay counts as what it gives on that data (a run saves it resolved)
+        optim = values["optim"] = dict(values["optim"])
+        optim["item_weight_decay"] = resolve_item_weight_decay(optim["item_weight_decay"],
+                                                               targets_per_item)
     if values["model"]["loss"] not in ("shared", "auto"):
         # only the shared loss draws them: a full-softmax trial is the same whatever they were
         values["model"] = {k: v for k, v in values["model"].items() if k != "shared_negatives"}

@@ -15,7 +15,10 @@ and backtested on the test split (the saved model is the best validated one). A 
 for a cell when its resolved trainer config, read back through today's config classes, equals the
 cell's (so results survive added settings whose defaults keep the old behaviour, and never count
 after a default changed); trials go to the model search's log (results/model_search.jsonl), so its
-trials of the same settings count too. The report gives, per cell, the median and [min-max] over
+trials of the same settings count too. An 'auto' setting counts as what it picks on the data:
+model.loss by the catalog's size, optim.item_weight_decay by the training split's targets per
+item (read from the built features, else from results/dataset_facts.json, which --run keeps).
+The report gives, per cell, the median and [min-max] over
 seeds of full and sampled NDCG@10/HR@10, the train minutes, and the time to quality (the kept epoch
 and the minutes to it), with popularity beside them, and the seeds it has.
 """
@@ -73,17 +76,42 @@ def catalog_items(data: str) -> int | None:
     return None
 
 
-def cell_fingerprint(data: str, args: list[str]) -> str:
-    return model_search.config_fingerprint(args, catalog_items(data))
+def targets_per_item(features: Path) -> float | None:
+    """The training split's targets per catalog item of a built dataset (None: not built
+    here), which resolves optim.item_weight_decay=auto when cells and trials are compared."""
+    from hvd_ctsm.data.dataset_meta import read_metadata
+
+    if not (features / "metadata.json").exists():
+        return None
+    return read_metadata(features).train_targets_per_item
 
 
-def matching(records: list[dict], data: str, fingerprint: str, seeds) -> dict[int, dict]:
+def known_targets_per_item(datasets: dict, work: Path, facts: Path) -> dict[str, float | None]:
+    """Each dataset's targets per item: from its features where built (under `work`, or an
+    existing dataset's folder), else as `facts` (results/dataset_facts.json) recorded them when
+    it was built, so that the report alone, from the log, resolves 'auto' settings too."""
+    recorded = json.loads(facts.read_text()) if facts.exists() else {}
+    per_item = {}
+    for name, (source, options) in datasets.items():
+        built = targets_per_item(Path(source) if options is None else work / "features" / name)
+        per_item[name] = built if built is not None else recorded.get(name, {}).get(
+            "train_targets_per_item")
+    return per_item
+
+
+def cell_fingerprint(data: str, args: list[str], per_item: float | None = None) -> str:
+    return model_search.config_fingerprint(args, catalog_items(data), per_item)
+
+
+def matching(records: list[dict], data: str, fingerprint: str, seeds,
+             per_item: float | None = None) -> dict[int, dict]:
     """The newest logged trial per seed of `seeds` for (data, fingerprint) at RANKS ranks
     (other seeds logged for other purposes stay out of the report)."""
     found = {}
     for r in records:
         if (r["data"] == data and r["ranks"] == RANKS and r["seed"] in seeds
-                and model_search.record_fingerprint(r, catalog_items(data)) == fingerprint):
+                and model_search.record_fingerprint(r, catalog_items(data), per_item)
+                == fingerprint):
             found[r["seed"]] = r
     return found
 
@@ -101,25 +129,31 @@ def build_dataset(name: str, source: str, options: list[str] | None, root: Path,
 
 
 def run_missing(datasets: dict, extra: list[str], seeds, root: Path, ml100k: Path,
-                log: Path) -> None:
+                log: Path) -> dict[str, float | None]:
+    """Train the cells the log lacks; return each dataset's targets per item."""
+    per_item = {}
     for data, (source, options) in datasets.items():
         path = build_dataset(data, source, options, root / "features", ml100k)
+        per_item[data] = targets_per_item(path)
         for model in MODELS:
             args = cell_args(model, extra)
-            have = matching(read_log(log), data, cell_fingerprint(data, args), seeds)
+            have = matching(read_log(log), data, cell_fingerprint(data, args, per_item[data]),
+                            seeds, per_item[data])
             for seed in (s for s in seeds if s not in have):
                 print(f"[quality] {data} {model} seed {seed} ...", flush=True)
                 record = model_search.run_trial(path, root / "runs", f"{data}-{model}", args,
                                                 RANKS, seed)
                 with open(log, "a") as f:
                     f.write(json.dumps(record) + "\n")
+    return per_item
 
 
 def read_log(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def report(records: list[dict], datasets: dict, extra: list[str], seeds) -> str:
+def report(records: list[dict], datasets: dict, extra: list[str], seeds,
+           per_item: dict[str, float | None] | None = None) -> str:
     lines = ["# Quality: CTSM vs the SASRec-style baseline vs popularity", "",
              f"Test split, leave-last-out, {RANKS} ranks; each model is the best validated "
              "epoch's. Median [min-max] over the seeds measured; a cell with fewer than "
@@ -131,8 +165,9 @@ def report(records: list[dict], datasets: dict, extra: list[str], seeds) -> str:
     for data in datasets:
         popularity = None
         for model in MODELS:
-            fingerprint = cell_fingerprint(data, cell_args(model, extra))
-            rs = list(matching(records, data, fingerprint, seeds).values())
+            known = (per_item or {}).get(data)
+            fingerprint = cell_fingerprint(data, cell_args(model, extra), known)
+            rs = list(matching(records, data, fingerprint, seeds, known).values())
             machines |= {r.get("machine", "not recorded") for r in rs}
             if not rs:
                 lines.append(f"| {data} | {model} | 0 of {len(seeds)} | not measured"
@@ -191,11 +226,17 @@ def main(argv=None) -> int:
         to_run = {name: DATASETS[name] for name in names}
     # Every trial goes to the model search's log: its trials count here when their configs match.
     log = args.out / "quality_report_quick.jsonl" if args.quick else model_search.LOG
+    facts = args.out / "dataset_facts.json"
+    per_item = known_targets_per_item(datasets, args.work, facts)
     if args.run or args.quick:
         with work_folder(prefix="bench-quality-") as tmp:
             work = Path(tmp) if args.quick else args.work
-            run_missing(to_run, extra, seeds, work, args.ml100k, log)
-    text = report(read_log(log), datasets, extra, seeds)
+            per_item |= run_missing(to_run, extra, seeds, work, args.ml100k, log)
+        known = json.loads(facts.read_text()) if facts.exists() else {}
+        facts.write_text(json.dumps(known | {k: {"train_targets_per_item": v}
+                                             for k, v in per_item.items() if v is not None},
+                                    indent=1, sort_keys=True) + "\n")
+    text = report(read_log(log), datasets, extra, seeds, per_item)
     (args.out / ("quality_report_quick.md" if args.quick else "quality_report.md")).write_text(text)
     print(text)
     return 0

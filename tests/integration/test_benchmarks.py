@@ -295,6 +295,24 @@ def test_a_trial_logged_with_the_full_loss_counts_for_auto_where_auto_picks_it()
     assert model_search.record_fingerprint(full) != model_search.config_fingerprint([])
 
 
+def test_a_trial_logged_without_item_decay_counts_for_auto_where_auto_gives_none(tmp_path):
+    from hvd_ctsm.config import load_config, to_dict
+
+    plain = {"config": to_dict(load_config(None, ["data.path=x", "optim.item_weight_decay=null"]))}
+    decayed = {"config": to_dict(load_config(None, ["data.path=x", "optim.item_weight_decay=5"]))}
+    for record, per_item, counts in ((plain, 58.0, True), (plain, 6.0, False),
+                                     (decayed, 6.0, True), (decayed, 58.0, False)):
+        assert (model_search.record_fingerprint(record, targets_per_item=per_item)
+                == model_search.config_fingerprint([], targets_per_item=per_item)) is counts
+    # data whose targets per item are unknown: 'auto' matches no resolved trial
+    assert model_search.record_fingerprint(plain) != model_search.config_fingerprint([])
+    facts = tmp_path / "dataset_facts.json"
+    facts.write_text('{"short": {"train_targets_per_item": 6.2}}')
+    datasets = {"short": ("synthetic:x", []), "other": ("synthetic:y", [])}
+    assert quality_report.known_targets_per_item(datasets, tmp_path / "work", facts) == {
+        "short": 6.2, "other": None}
+
+
 def test_a_failed_benchmark_keeps_its_work_folder_for_the_logs(capsys):
     from benchmarks.common import work_folder
 
@@ -311,7 +329,8 @@ def test_a_failed_benchmark_keeps_its_work_folder_for_the_logs(capsys):
 
 def test_the_quality_report_keeps_to_the_seeds_it_reports(monkeypatch):
     # Every record matches the cell's config here; only the seed may leave one out.
-    monkeypatch.setattr(model_search, "record_fingerprint", lambda record, items=None: "cell")
+    monkeypatch.setattr(model_search, "record_fingerprint",
+                        lambda record, items=None, targets_per_item=None: "cell")
     logged = [{"data": "d", "ranks": quality_report.RANKS, "seed": seed} for seed in (0, 1, 3)]
     assert sorted(quality_report.matching(logged, "d", "cell", (0, 1, 2))) == [0, 1]
 
