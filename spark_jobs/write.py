@@ -113,7 +113,7 @@ def _placed(df: DataFrame, files: int, n_rows: int) -> DataFrame:
     """`df` in `files` partitions, partition f holding the rows numbered [f * n / files,
     (f + 1) * n / files) in ROW_ORDER, sorted.
 
-    All in Spark's JVM, no row through Python: the clients' row counts (sorted by Spark) give
+    All in Spark's JVM, no row through Python: the clients' row counts (sorted on the driver) give
     where each file starts, as a client and a rank among that client's rows; only the clients
     where a file starts (at most files - 1) need their rows ranked. Rows with equal keys are
     equal rows, so ties may rank either way without changing what a file holds.
