@@ -26,7 +26,6 @@ from hvd_ctsm.train.trainer import Trainer, start_rank
 
 def build(cfg, init_from) -> tuple[Trainer, list, SampleClock, int]:
     dataset, device, model = start_rank(cfg)
-    cfg = with_item_decay_resolved(cfg, dataset.meta, announce=dist.is_root())
     if init_from:
         # rank 0 loads; the first sync broadcasts its weights
         warm_start(model, init_from, dist.is_root())
@@ -36,6 +35,8 @@ def build(cfg, init_from) -> tuple[Trainer, list, SampleClock, int]:
     clock = SampleClock(batch * dist.size())
     steps_per_epoch = sum(g.rows for g in groups) // clock.unit
     total = steps_per_epoch * cfg.epochs
+    # after the split's files were checked: a damaged dataset's error stays the only line
+    cfg = with_item_decay_resolved(cfg, dataset.meta, announce=dist.is_root())
     # Elastic Horovod only (train.check_launch); one micro-batch a step (check_elastic_config).
     net, optimizer = dist.current().wrap(model, make_optimizer(model, cfg.optim, cfg.optim.lr),
                                          cfg.dist)

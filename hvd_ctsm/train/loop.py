@@ -101,13 +101,14 @@ def run_epochs(trainer: Trainer, resume: bool, init_from: str | None) -> dict:
 def build_trainer(cfg: TrainConfig) -> Trainer:
     """Model, optimizer and schedule for epochs of `plan_epoch` steps on every rank."""
     dataset, device, model = start_rank(cfg)
-    cfg = with_item_decay_resolved(cfg, dataset.meta, announce=dist.is_root())
     micro = cfg.dist.backward_passes_per_step
     plan = plan_epoch(dataset.split("train"), dist.size(), cfg.data.batch_size * micro,
                       cfg.data.balance)
     total_steps = plan.steps * cfg.epochs
     effective_batch = cfg.data.batch_size * dist.size() * micro
     scale = lr_scale(cfg.optim, effective_batch)
+    # after the split's files were checked: a damaged dataset's error stays the only line
+    cfg = with_item_decay_resolved(cfg, dataset.meta, announce=dist.is_root())
     net, optimizer = dist.current().wrap(
         model, make_optimizer(model, cfg.optim, cfg.optim.lr * scale), cfg.dist)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
