@@ -18,9 +18,9 @@ after a default changed); trials go to the model search's log (results/model_sea
 trials of the same settings count too. An 'auto' setting counts as what it picks on the data:
 model.loss by the catalog's size, optim.item_weight_decay by the training split's targets per
 item (read from the built features, else from results/dataset_facts.json, which --run keeps).
-The report gives, per cell, the median and [min-max] over
-seeds of full and sampled NDCG@10/HR@10, the train minutes, and the time to quality (the kept epoch
-and the minutes to it), with popularity beside them, and the seeds it has.
+The report gives, per cell, the median and [min-max] over seeds of full and sampled NDCG@10/HR@10,
+the train minutes, and the time to quality (the kept epoch and the minutes to it), with popularity
+beside them, and the seeds it has.
 """
 
 from __future__ import annotations
