@@ -90,13 +90,26 @@ def known_targets_per_item(datasets: dict, work: Path, facts: Path) -> dict[str,
     """Each dataset's targets per item: from its features where built (under `work`, or an
     existing dataset's folder), else as `facts` (results/dataset_facts.json) recorded them when
     it was built, so that the report alone, from the log, resolves 'auto' settings too."""
-    recorded = json.loads(facts.read_text()) if facts.exists() else {}
+    recorded = _recorded(facts)
     per_item = {}
     for name, (source, options) in datasets.items():
         built = targets_per_item(Path(source) if options is None else work / "features" / name)
         per_item[name] = built if built is not None else recorded.get(name, {}).get(
             "train_targets_per_item")
     return per_item
+
+
+def record_targets_per_item(facts: Path, per_item: dict[str, float | None]) -> None:
+    """Add the datasets' known targets per item to `facts`, keeping the others (atomically)."""
+    merged = _recorded(facts) | {name: {"train_targets_per_item": value}
+                                 for name, value in per_item.items() if value is not None}
+    tmp = facts.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+    tmp.replace(facts)
+
+
+def _recorded(facts: Path) -> dict:
+    return json.loads(facts.read_text()) if facts.exists() else {}
 
 
 def cell_fingerprint(data: str, args: list[str], per_item: float | None = None) -> str:
@@ -232,10 +245,7 @@ def main(argv=None) -> int:
         with work_folder(prefix="bench-quality-") as tmp:
             work = Path(tmp) if args.quick else args.work
             per_item |= run_missing(to_run, extra, seeds, work, args.ml100k, log)
-        known = json.loads(facts.read_text()) if facts.exists() else {}
-        facts.write_text(json.dumps(known | {k: {"train_targets_per_item": v}
-                                             for k, v in per_item.items() if v is not None},
-                                    indent=1, sort_keys=True) + "\n")
+        record_targets_per_item(facts, per_item)
     text = report(read_log(log), datasets, extra, seeds, per_item)
     (args.out / ("quality_report_quick.md" if args.quick else "quality_report.md")).write_text(text)
     print(text)
