@@ -1,7 +1,7 @@
 """The driver's heap for a job that starts its own local Spark, chosen from the input's size.
 
 In local mode every task runs in the driver's JVM, so its heap is all the memory the job has,
-and it can only be set before the JVM starts. Measured on 2 cores (docs/CATALOG_SCALE.md):
+and it can only be set before the JVM starts. Measured on 2 cores (benchmarks/SCALE.md):
 10^7 events ran in the 4g default (slowly: a third of the speed per event of the runs below);
 5x10^7 ran out of it; 3x10^7 ran in 12g and 5x10^7 in 16g. So about 0.32 GB for every 10^6
 events, never below the 4g default, and at most 70% of the machine's memory (Spark's Python

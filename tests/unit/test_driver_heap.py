@@ -14,7 +14,7 @@ GIB = 2**30
 @pytest.mark.parametrize("events, machine_gib, gb, wanted", [
     (100_000, 24, 4, 4),  # MovieLens 100K: the default
     (10_000_000, 24, 4, 4),  # ran in 4g
-    (30_000_000, 24, 10, 10),  # ran in 12g, and in this 10g (docs/CATALOG_SCALE.md)
+    (30_000_000, 24, 10, 10),  # ran in 12g, and in this 10g (benchmarks/SCALE.md)
     (50_000_000, 24, 16, 16),  # ran in 16g, ran out of 4g
     (100_000_000, 24, 16, 32),  # more than 70% of the machine: capped, and said
     (50_000_000, 128, 16, 16),  # a bigger machine gives no more than the input wants
