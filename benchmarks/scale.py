@@ -328,6 +328,11 @@ def run_name(run: dict) -> str:
     return " ".join([f"{run['engine']} np={run['np']}", run.get("variant", "")]).strip()
 
 
+def rounds_note(rounds: int) -> str:
+    """How a cell's seconds a step were summarized, for the table's caption."""
+    return f"; each cell the median of {rounds} rounds, run in turn" if rounds > 1 else ""
+
+
 def render(p: dict) -> list[str]:
     """RESULTS.md's "Catalog scale" section (benchmarks/report.py)."""
     out = [f"Measured in parts: {'; '.join(f'{k}: {v}' for k, v in p['runs'].items())}.", ""
@@ -346,7 +351,8 @@ def render(p: dict) -> list[str]:
     sizes = p["sizes"]
     out += ["", f"Training with the default config ({sizes['clients']:,} clients, "
             f"{sizes['events']:,} events, synthetic cover=1; {sizes['steps']} steps, the first "
-            "two untimed), then the full-ranking backtest and top-10 scoring of every client:", "",
+            f"two untimed{rounds_note(sizes.get('rounds', 1))}), then the full-ranking backtest "
+            "and top-10 scoring of every client:", "",
             "| items | run | s/step | rows/s | peak RSS per rank, GB | exchange MB/step "
             "(dense) |", "| ---: | --- | ---: | ---: | ---: | ---: |"]
     for cell in p.get("train", []):

@@ -23,6 +23,17 @@ def test_rounds_report_their_medians_and_each_rounds_step_time():
     assert scale.repeated(rounds[:1]) == rounds[0]  # one round: the run as it was
 
 
+
+def test_the_caption_says_when_a_cell_is_a_median_of_rounds():
+    def caption(rounds):
+        sizes = {"items": [1000], "clients": 10, "events": 100, "steps": 8, "rounds": rounds}
+        return next(line for line in scale.render({"sizes": sizes, "train": []})
+                    if line.startswith("Training with"))
+
+    assert "the median of 3 rounds" in caption(3)
+    assert "median" not in caption(1)
+
+
 def test_a_kept_dataset_of_other_sizes_is_refused_not_reused(tmp_path):
     kept = tmp_path / "data-1000"
     kept.mkdir()
