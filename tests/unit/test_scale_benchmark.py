@@ -23,7 +23,6 @@ def test_rounds_report_their_medians_and_each_rounds_step_time():
     assert scale.repeated(rounds[:1]) == rounds[0]  # one round: the run as it was
 
 
-
 def test_the_caption_says_when_a_cell_is_a_median_of_rounds():
     def caption(rounds):
         sizes = {"items": [1000], "clients": 10, "events": 100, "steps": 8, "rounds": rounds}
