@@ -162,12 +162,10 @@ def spread(values) -> dict:
 
 
 def save(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from hvd_ctsm.files.atomic import atomic_write_bytes
+
     path = out_dir / f"{name}.json"
-    payload = {"machine": machine()} | payload
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    tmp.replace(path)
+    atomic_write_bytes(path, json.dumps({"machine": machine()} | payload, indent=2).encode())
     return path
 
 

@@ -101,11 +101,11 @@ def known_targets_per_item(datasets: dict, work: Path, facts: Path) -> dict[str,
 
 def record_targets_per_item(facts: Path, per_item: dict[str, float | None]) -> None:
     """Add the datasets' known targets per item to `facts`, keeping the others (atomically)."""
+    from hvd_ctsm.files.atomic import atomic_write_bytes
+
     merged = _recorded(facts) | {name: {"train_targets_per_item": value}
                                  for name, value in per_item.items() if value is not None}
-    tmp = facts.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
-    tmp.replace(facts)
+    atomic_write_bytes(facts, (json.dumps(merged, indent=1, sort_keys=True) + "\n").encode())
 
 
 def _recorded(facts: Path) -> dict:
