@@ -12,7 +12,8 @@
 # processes, default 2; 0 runs the suite in one process), HVD_CTSM_STACK=classic|current (which
 # stack setup installs and every step uses: classic, the default, is constraints.txt in .venv;
 # current is constraints-current.txt in .venv-current, torch backend only; `test` without it
-# runs both, as CI does).
+# runs both, as CI does), PYTHON (the interpreter setup creates the venv with: python3.11 by
+# default; the current stack also takes 3.12 and 3.13).
 # Extra arguments are passed on to the step's program.
 set -euo pipefail
 
@@ -61,6 +62,7 @@ EOF
 setup_fingerprint() {
     cat constraints.txt setup.cfg scripts/install_stack.sh | sha256sum | cut -d' ' -f1
     if [[ $HVD_CTSM_STACK == current ]]; then sha256sum <constraints-current.txt | cut -d' ' -f1; fi
+    if [[ -n ${PYTHON:-} ]]; then echo "python=$PYTHON"; fi  # a Python asked for: setup checks it
 }
 
 setup() {

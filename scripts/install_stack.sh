@@ -7,7 +7,8 @@
 # Knobs (environment):
 #   VENV               where the virtual environment goes (default: .venv in the repo)
 #   HVD_CTSM_CACHE     where the built Horovod wheel is cached (default: ~/.cache/hvd_ctsm)
-#   PYTHON             the interpreter that creates the venv (default: python3.11)
+#   PYTHON             the interpreter that creates the venv (default: python3.11; the current
+#                      stack also takes 3.12 and 3.13, as hvd_ctsm/doctor.py's VERIFIED_PYTHONS)
 #   SKIP_APT=1         do not touch system packages (containers that preinstalled them)
 #   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod's NCCL path (GPU machines; cached separately)
 #   HVD_CTSM_BACKENDS=torch       the torch backend only (torchrun + DDP): no MPI packages and no
@@ -20,14 +21,18 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$REPO/.venv}
 CACHE=${HVD_CTSM_CACHE:-$HOME/.cache/hvd_ctsm}
+PYTHON_CHOSEN=${PYTHON:+yes}  # unset: an existing venv of any verified Python is kept
 PYTHON=${PYTHON:-python3.11}
 CONSTRAINTS=$REPO/constraints.txt
 APT_PACKAGES=(openmpi-bin libopenmpi-dev cmake g++ make openjdk-17-jre-headless procps)
 BACKENDS=${HVD_CTSM_BACKENDS:-horovod,torch}
-case ${HVD_CTSM_STACK:-classic} in
+STACK=${HVD_CTSM_STACK:-classic}
+PYTHONS="3.11"  # the classic stack's pyarrow 10 has no wheels for a later Python
+case $STACK in
     classic) ;;
     current)
         CONSTRAINTS=$REPO/constraints-current.txt
+        PYTHONS="3.11 3.12 3.13"
         if [[ ${HVD_CTSM_BACKENDS:-torch} != torch ]]; then
             echo "[setup] HVD_CTSM_STACK=current has no Horovod: leave HVD_CTSM_BACKENDS unset" >&2
             exit 2
@@ -75,14 +80,29 @@ install_system_packages() {
     done_step "(installed ${missing[*]})"
 }
 
+python_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
+
 create_venv() {
     step "virtual environment ($VENV)"
-    if [[ -x $VENV/bin/python ]] && "$VENV/bin/python" -c 'import sys; assert sys.version_info[:2] == (3, 11)' 2>/dev/null; then
-        done_step "(exists)"; return
+    local wanted=""
+    if [[ -n $PYTHON_CHOSEN || ! -x $VENV/bin/python ]]; then
+        command -v "$PYTHON" >/dev/null ||
+            fail "$PYTHON not found" "install Python ${PYTHONS%% *} or point PYTHON= at one of: $PYTHONS"
+        wanted=$(python_version "$PYTHON") || fail "$PYTHON did not start" "point PYTHON= elsewhere"
+        [[ " $PYTHONS " == *" $wanted "* ]] ||
+            fail "$PYTHON is Python $wanted; the $STACK stack is verified on $PYTHONS" \
+                "point PYTHON= at one of those"
     fi
-    command -v "$PYTHON" >/dev/null ||
-        fail "$PYTHON not found" "install Python 3.11 or point PYTHON= at a 3.11 interpreter"
-    "$PYTHON" -m venv "$VENV" || fail "could not create the venv" "install python3.11-venv"
+    if [[ -x $VENV/bin/python ]]; then
+        local has
+        has=$(python_version "$VENV/bin/python") || has="?"
+        if [[ " $PYTHONS " == *" $has "* && ( -z $wanted || $has == "$wanted" ) ]]; then
+            done_step "(exists, Python $has)"; return
+        fi
+        fail "$VENV holds Python $has, not ${wanted:-one of $PYTHONS}" \
+            "remove $VENV (or set VENV= elsewhere) to create it anew${wanted:+, or set PYTHON= to match it}"
+    fi
+    "$PYTHON" -m venv "$VENV" || fail "could not create the venv" "install python$wanted-venv"
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     done_step
 }

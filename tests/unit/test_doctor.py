@@ -16,3 +16,15 @@ def test_pins_are_read_from_the_constraints_file(tmp_path):
     path = tmp_path / "c.txt"
     path.write_text("# comment\ntorch==2.13.0  # why\nPyYAML==6.0.3\n\nnot-a-pin>=1\n")
     assert doctor.read_pins(path) == {"torch": "2.13.0", "pyyaml": "6.0.3"}
+
+
+def test_each_stack_accepts_the_pythons_it_was_verified_on(monkeypatch):
+    monkeypatch.setenv("HVD_CTSM_STACK", "classic")
+    check = doctor.check_python((3, 12, 1))
+    assert not check.ok and "classic stack is verified on Python 3.11 only" in check.cause
+    assert check.fix == "create its venv with one of them: PYTHON=python3.11 ./run.sh setup"
+    monkeypatch.setenv("HVD_CTSM_STACK", "current")
+    assert doctor.check_python((3, 12, 1)).ok
+    check = doctor.check_python((3, 10, 14))
+    assert not check.ok and "3.11, 3.12, 3.13 only" in check.cause
+    assert "HVD_CTSM_STACK=current PYTHON=python3.13 ./run.sh setup" in check.fix
