@@ -14,7 +14,7 @@ def sparse_gradient(rows: list[int], seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     index = torch.tensor(rows + rows[:2])
     values = torch.randn(len(index), DIM, generator=generator)
-    return torch.sparse_coo_tensor(index[None], values, (ROWS, DIM))
+    return torch.sparse_coo_tensor(index[None], values, (ROWS, DIM), check_invariants=True)
 
 
 def pair(weight_decay: float, start_step: float | None = None):
@@ -149,7 +149,7 @@ def test_repeated_rows_are_summed_once_each():
     table = torch.nn.Parameter(torch.zeros(5, 2))
     table.grad = torch.sparse_coo_tensor(torch.tensor([[1, 3, 1]]),
                                          torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]),
-                                         (5, 2))
+                                         (5, 2), check_invariants=True)
     index, values = lazy_rows.take_row_gradients([table])[table]
     assert index.tolist() == [1, 3]
     assert values.tolist() == [[6.0, 8.0], [3.0, 4.0]]
