@@ -350,7 +350,7 @@ def all_checks(skip_slow: bool) -> list:
 
 def format_line(check: Check) -> str:
     status = "SKIP" if check.skipped else ("OK" if check.ok else "FAIL")
-    line = f"{status:<5}{check.name:<28}{check.detail}  ({check.seconds}s)"
+    line = f"{status:<5}{check.name:<31} {check.detail}  ({check.seconds}s)"
     if not check.ok:
         line += f"\n     cause: {check.cause}\n     fix:   {check.fix}"
     return line

@@ -28,3 +28,8 @@ def test_each_stack_accepts_the_pythons_it_was_verified_on(monkeypatch):
     check = doctor.check_python((3, 10, 14))
     assert not check.ok and "3.11, 3.12, 3.13 only" in check.cause
     assert "HVD_CTSM_STACK=current PYTHON=python3.13 ./run.sh setup" in check.fix
+
+
+def test_a_long_check_name_keeps_a_space_before_its_detail():
+    line = doctor.format_line(doctor.Check("allreduce (torch gloo, 2 ranks)", True, "exact sum"))
+    assert line.startswith("OK   allreduce (torch gloo, 2 ranks) exact sum")
