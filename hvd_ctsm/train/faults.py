@@ -12,6 +12,8 @@
 - `note_on_sigterm` prints one line saying why before a SIGTERM ends the process: the launchers
   send it to every rank left when one fails (a rank killed for memory), often before the
   transport has told the survivor its peer has gone.
+- `peer_loss_reported` turns the transport's error for a rank that has gone into PeerLostError,
+  whose message gives this run's catalog size and the settings that bound a rank's memory.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hvd_ctsm import distributed as dist
+
+if TYPE_CHECKING:
+    from hvd_ctsm.config import TrainConfig
+    from hvd_ctsm.model.ctsm import CTSM
 
 log = logging.getLogger("hvd_ctsm.train.faults")
 # A rank whose busy time per step is this many times the median is called slow in the log.
@@ -164,3 +173,58 @@ def note_on_sigterm(message: Callable[[], str]) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+# What Gloo (torch and Horovod) and Horovod say when the rank at the other end has gone.
+PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "has been shut down")
+
+
+class PeerLostError(RuntimeError):
+    """Another rank vanished while this one exchanged with it (a step's gradients, the logged
+    losses, a validation, a checkpoint); the message says what to look for."""
+
+
+@contextmanager
+def peer_loss_reported(cfg: TrainConfig, model: CTSM) -> Iterator[None]:
+    """The transport's error for a peer that has gone becomes PeerLostError. Trainer.step reports
+    it so, and the plain loop wraps all of its epochs in it too, since a rank may die during any
+    exchange: a step, the logged losses, a validation, a checkpoint (seen in CI: Gloo's
+    'connection reset by peer' reached the survivor outside a step)."""
+    try:
+        yield
+    except RuntimeError as exc:
+        # Under Elastic Horovod a lost peer is its HorovodInternalError, which hvd.elastic.run
+        # catches to restore the last commit and go on with the ranks left: it must reach it
+        # as it is (wrapped, it ended the survivor too, as the elastic test caught).
+        if (dist.is_elastic_launch() or isinstance(exc, PeerLostError)
+                or not any(sign in str(exc) for sign in PEER_LOST)):
+            raise
+        raise PeerLostError(peer_lost_message(cfg, model, exc)) from exc
+
+
+def peer_lost_message(cfg: TrainConfig, model: CTSM, exc: BaseException) -> str:
+    """What a surviving rank says when the transport tells it a peer has gone."""
+    first = str(exc).strip().splitlines()[0][:160]
+    return (f"another rank stopped while this one was exchanging with it ({first}). "
+            f"{memory_advice(cfg, model)}")
+
+
+def stopped_message(cfg: TrainConfig, model: CTSM) -> str:
+    """What a rank says when SIGTERM stops it: torchrun and horovodrun send it to every rank
+    left as soon as one fails, often before the transport has told the survivor (seen in CI:
+    torchrun ended the survivor before Gloo's 'connection closed' reached it)."""
+    return ("stopped by SIGTERM, which torchrun and horovodrun send every rank when another "
+            "rank fails (and a scheduler sends when it stops the job). "
+            + memory_advice(cfg, model))
+
+
+def memory_advice(cfg: TrainConfig, model: CTSM) -> str:
+    """A peer that vanished was most often killed for memory: this run's catalog size and the
+    settings that bound a rank's memory."""
+    loss = model.heads["next_item"].loss_kind if "next_item" in model.heads else "none"
+    fit = ("model.loss=shared (its memory does not grow with the catalog) or a smaller "
+           "data.batch_size" if loss == "full" else "a smaller data.batch_size, or fewer ranks "
+           "per host")
+    return ("If the launcher reports a rank killed (exit code -9, SIGKILL), it most likely ran "
+            f"out of memory: this run has {model.sizes.num_items:,} items, next-item loss {loss}, "
+            f"data.batch_size {cfg.data.batch_size} per rank; to fit, try {fit}")

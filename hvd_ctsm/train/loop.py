@@ -27,16 +27,16 @@ from hvd_ctsm.train import faults
 from hvd_ctsm.train.support import (log_lines_above_the_bar, lr_scale, lr_schedule, make_optimizer,
                                     progress_bar, rebase_schedule, restore, split_batch, warm_start,
                                     with_item_decay_resolved)
-from hvd_ctsm.train.trainer import (Trainer, describe_loss, patience_evals, start_rank,
-                                    stopped_message)
+from hvd_ctsm.train.trainer import Trainer, describe_loss, patience_evals, start_rank
 
 log = logging.getLogger("hvd_ctsm.train")
 
 
 def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) -> dict:
     trainer = build_trainer(cfg)
-    with faults.note_on_sigterm(lambda: stopped_message(cfg, trainer.model)), \
-            log_lines_above_the_bar(dist.is_root() and cfg.progress):
+    with faults.note_on_sigterm(lambda: faults.stopped_message(cfg, trainer.model)), \
+            log_lines_above_the_bar(dist.is_root() and cfg.progress), \
+            faults.peer_loss_reported(cfg, trainer.model):
         return run_epochs(trainer, resume, init_from)
 
 

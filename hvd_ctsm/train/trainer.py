@@ -100,41 +100,6 @@ def save_model(path: Path, weights: dict, sizes: ModelSizes, config: dict,
                       "vocab_sha256": vocab_sha256})
 
 
-# What Gloo (torch and Horovod) and Horovod say when the rank at the other end has gone.
-PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "has been shut down")
-
-
-class PeerLostError(RuntimeError):
-    """Another rank vanished in the middle of a step; the message says what to look for."""
-
-
-def peer_lost_message(cfg: TrainConfig, model: CTSM, exc: BaseException) -> str:
-    """What a surviving rank says when the transport tells it a peer has gone."""
-    first = str(exc).strip().splitlines()[0][:160]
-    return f"another rank stopped in the middle of a step ({first}). {memory_advice(cfg, model)}"
-
-
-def stopped_message(cfg: TrainConfig, model: CTSM) -> str:
-    """What a rank says when SIGTERM stops it: torchrun and horovodrun send it to every rank
-    left as soon as one fails, often before the transport has told the survivor (seen in CI:
-    torchrun ended the survivor before Gloo's 'connection closed' reached it)."""
-    return ("stopped by SIGTERM, which torchrun and horovodrun send every rank when another "
-            "rank fails (and a scheduler sends when it stops the job). "
-            + memory_advice(cfg, model))
-
-
-def memory_advice(cfg: TrainConfig, model: CTSM) -> str:
-    """A peer that vanished was most often killed for memory: this run's catalog size and the
-    settings that bound a rank's memory."""
-    loss = model.heads["next_item"].loss_kind if "next_item" in model.heads else "none"
-    fit = ("model.loss=shared (its memory does not grow with the catalog) or a smaller "
-           "data.batch_size" if loss == "full" else "a smaller data.batch_size, or fewer ranks "
-           "per host")
-    return ("If the launcher reports a rank killed (exit code -9, SIGKILL), it most likely ran "
-            f"out of memory: this run has {model.sizes.num_items:,} items, next-item loss {loss}, "
-            f"data.batch_size {cfg.data.batch_size} per rank; to fit, try {fit}")
-
-
 class GradientBytes:
     """What a rank puts into the gradient exchange each step, before compression: every dense
     gradient whole, and of a sparse table (dist.sparse_gradients) the rows the last backward
@@ -206,16 +171,8 @@ class Trainer:
         """backward_passes_per_step micro-batches, one gradient reduction, one optimizer step;
         returns this rank's losses by head. A peer that vanished mid-step (the transport's
         'connection closed') is reported as such: PeerLostError."""
-        try:
+        with faults.peer_loss_reported(self.cfg, self.model):
             return self._step(batches)
-        except RuntimeError as exc:
-            # Under Elastic Horovod a lost peer is its HorovodInternalError, which hvd.elastic.run
-            # catches to restore the last commit and go on with the ranks left: it must reach it
-            # as it is (wrapped, it ended the survivor too, as the elastic test caught).
-            if (dist.is_elastic_launch() or isinstance(exc, PeerLostError)
-                    or not any(sign in str(exc) for sign in PEER_LOST)):
-                raise
-            raise PeerLostError(peer_lost_message(self.cfg, self.model, exc)) from exc
 
     def _step(self, batches: Iterator[dict]) -> dict:
         cfg, timer, backend = self.cfg, self.timer, self.backend

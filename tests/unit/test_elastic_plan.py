@@ -1,6 +1,8 @@
 """The elastic data plan as pure functions: whatever the sizes the job goes through, every row of
 an epoch is trained at most once, and fewer than one global batch is left out at the end."""
 
+import types
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -69,7 +71,8 @@ def test_a_lost_peer_is_reported_except_under_elastic_horovod_which_recovers_fro
     except under Elastic Horovod: there the error (its HorovodInternalError) must reach
     hvd.elastic.run unchanged, which restores the last commit and goes on with the ranks left.
     The real step(), on a Trainer whose one step fails as a lost peer's does."""
-    from hvd_ctsm.train.trainer import PeerLostError, Trainer
+    from hvd_ctsm.train.faults import PeerLostError
+    from hvd_ctsm.train.trainer import Trainer
     from tests.unit.test_model import ctsm
 
     monkeypatch.setenv("HOROVOD_ELASTIC", "1" if elastic else "0")
@@ -89,3 +92,30 @@ def test_a_lost_peer_is_reported_except_under_elastic_horovod_which_recovers_fro
     else:
         assert isinstance(raised.value, PeerLostError) and raised.value.__cause__ is lost
         assert "ran out of memory" in str(raised.value)
+
+
+def test_a_peer_lost_outside_a_step_is_reported_as_well(monkeypatch):
+    """A rank may die while the others log, validate or checkpoint (seen in CI: Gloo's
+    'connection reset by peer' reached the survivor outside a step): the plain loop reports the
+    transport's error there as PeerLostError too. The real train(), around epochs that fail so."""
+    from hvd_ctsm.train import loop
+    from hvd_ctsm.train.faults import PeerLostError
+    from tests.unit.test_model import ctsm
+
+    monkeypatch.setenv("HOROVOD_ELASTIC", "0")
+    monkeypatch.setattr(loop.dist, "is_root", lambda: True)  # one rank, no backend started
+    cfg = load_config(None, ["progress=false"])
+    monkeypatch.setattr(loop, "build_trainer",
+                        lambda cfg: types.SimpleNamespace(cfg=cfg, model=ctsm()))
+    lost = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:22942: "
+                        "Connection reset by peer. This is typically caused by a remote worker")
+
+    def epochs_that_lose_a_peer(*args):
+        raise lost
+
+    monkeypatch.setattr(loop, "run_epochs", epochs_that_lose_a_peer)
+    with pytest.raises(PeerLostError) as raised:
+        loop.train(cfg)
+    assert raised.value.__cause__ is lost
+    assert str(raised.value).startswith("another rank stopped while this one was exchanging")
+    assert "ran out of memory" in str(raised.value)
