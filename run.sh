@@ -13,7 +13,7 @@
 # stack setup installs and every step uses: classic, the default, is constraints.txt in .venv;
 # current is constraints-current.txt in .venv-current, torch backend only; `test` without it
 # runs both, as CI does), PYTHON (the interpreter setup creates the venv with: python3.11 by
-# default; the current stack also takes 3.12 and 3.13).
+# default; the current stack also takes 3.12 and 3.13, the first of the three found here).
 # Extra arguments are passed on to the step's program.
 set -euo pipefail
 

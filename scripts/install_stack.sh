@@ -8,7 +8,8 @@
 #   VENV               where the virtual environment goes (default: .venv in the repo)
 #   HVD_CTSM_CACHE     where the built Horovod wheel is cached (default: ~/.cache/hvd_ctsm)
 #   PYTHON             the interpreter that creates the venv (default: python3.11; the current
-#                      stack also takes 3.12 and 3.13, as hvd_ctsm/doctor.py's VERIFIED_PYTHONS)
+#                      stack also takes 3.12 and 3.13, as hvd_ctsm/doctor.py's VERIFIED_PYTHONS,
+#                      and uses the first of them that runs here when PYTHON is unset)
 #   SKIP_APT=1         do not touch system packages (containers that preinstalled them)
 #   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod's NCCL path (GPU machines; cached separately)
 #   HVD_CTSM_BACKENDS=torch       the torch backend only (torchrun + DDP): no MPI packages and no
@@ -46,6 +47,16 @@ case $BACKENDS in
     *) echo "[setup] HVD_CTSM_BACKENDS=$BACKENDS: expected 'torch' or 'horovod,torch'" >&2; exit 2 ;;
 esac
 
+python_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
+
+# Unset, PYTHON is the first of the stack's Pythons that runs here: python3.11 where it is, else
+# the current stack takes the machine's python3.12 (Ubuntu 24.04) or python3.13 as it is.
+if [[ -z $PYTHON_CHOSEN ]]; then
+    for version in $PYTHONS; do
+        if python_version "python$version" >/dev/null; then PYTHON=python$version; break; fi
+    done
+fi
+
 pin() { sed -n "s/^$1==//p" "$CONSTRAINTS"; }
 HOROVOD_VERSION=$(pin horovod)
 TORCH_VERSION=$(pin torch)
@@ -79,8 +90,6 @@ install_system_packages() {
             "run as root or with sudo, or install them yourself and rerun with SKIP_APT=1"
     done_step "(installed ${missing[*]})"
 }
-
-python_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
 
 create_venv() {
     step "virtual environment ($VENV)"

@@ -3,8 +3,11 @@ otherwise, and never replaces a venv it finds."""
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from hvd_ctsm import doctor
 
@@ -56,3 +59,50 @@ def test_setup_and_the_doctor_name_the_same_pythons():
     as_text = {stack: [f"{a}.{b}" for a, b in versions]
                for stack, versions in doctor.VERIFIED_PYTHONS.items()}
     assert as_text == {"classic": classic, "current": current}
+
+
+def machine_with(tmp_path: Path, versions: list[str]) -> dict:
+    """A PATH holding only the tools setup calls before pip, and fake python3.X commands that
+    answer their version and make a venv of themselves (nothing more: pip then fails)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("dirname", "sed", "date", "mkdir"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    for version in versions:
+        fake = bin_dir / f"python{version}"
+        fake.write_text(f"""#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = venv ]; then
+    {shutil.which("mkdir")} -p "$3/bin" && {shutil.which("cp")} "$0" "$3/bin/python"; exit 0
+fi
+case "$*" in *sys.version_info*) echo {version}; exit 0 ;; esac
+exit 1
+""")
+        fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "HVD_CTSM_BACKENDS")}
+    return env | {"PATH": str(bin_dir)}
+
+
+@pytest.mark.parametrize("versions, chosen", [(["3.12"], "3.12"), (["3.13", "3.12"], "3.12"),
+                                              (["3.12", "3.11"], "3.11")])
+def test_unset_the_current_stack_takes_the_first_of_its_pythons_found(tmp_path, versions,
+                                                                        chosen):
+    env = machine_with(tmp_path, versions) | {
+        "HVD_CTSM_STACK": "current", "VENV": str(tmp_path / "venv"), "SKIP_APT": "1",
+        "HVD_CTSM_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([shutil.which("bash"), str(SCRIPT)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert "virtual environment" in done.stdout
+    assert 'step "pinned Python packages' in done.stderr  # the fake has no pip
+    made = subprocess.run([tmp_path / "venv" / "bin" / "python", "-c", "sys.version_info"],
+                          capture_output=True, text=True)
+    assert made.stdout.strip() == chosen
+
+
+def test_unset_with_no_python_of_its_own_the_classic_stack_names_3_11(tmp_path):
+    env = machine_with(tmp_path, ["3.12"]) | {
+        "HVD_CTSM_STACK": "classic", "VENV": str(tmp_path / "venv"), "SKIP_APT": "1",
+        "HVD_CTSM_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([shutil.which("bash"), str(SCRIPT)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and "python3.11 not found" in done.stderr
+    assert not (tmp_path / "venv").exists()
