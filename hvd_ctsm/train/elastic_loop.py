@@ -93,11 +93,12 @@ def run(cfg, init_from: str | None = None) -> dict:
             end_epoch(state, trainer)
             commit(state)
 
-    loop(state)
-    summary = {"steps": state.step, "elastic": True, "samples": state.samples,
-               "steps_per_epoch_at_start": steps_per_epoch, "best": state.best,
-               "validation": state.history[-1] if state.history else None}
-    return trainer.finish(summary, lambda: use_best_weights(trainer.model, state))
+    with faults.peer_loss_reported(cfg, trainer.model):  # a no-op under an elastic launch
+        loop(state)
+        summary = {"steps": state.step, "elastic": True, "samples": state.samples,
+                   "steps_per_epoch_at_start": steps_per_epoch, "best": state.best,
+                   "validation": state.history[-1] if state.history else None}
+        return trainer.finish(summary, lambda: use_best_weights(trainer.model, state))
 
 
 def use_best_weights(model, state) -> int | None:

@@ -186,10 +186,10 @@ class PeerLostError(RuntimeError):
 
 @contextmanager
 def peer_loss_reported(cfg: TrainConfig, model: CTSM) -> Iterator[None]:
-    """The transport's error for a peer that has gone becomes PeerLostError. Trainer.step reports
-    it so, and the plain loop wraps all of its epochs in it too, since a rank may die during any
-    exchange: a step, the logged losses, a validation, a checkpoint (seen in CI: Gloo's
-    'connection reset by peer' reached the survivor outside a step)."""
+    """The transport's error for a peer that has gone becomes PeerLostError. Each loop (plain and
+    elastic) runs all of its epochs inside it, since a rank may die during any exchange: a step,
+    the logged losses, a validation, a checkpoint (seen in CI: Gloo's 'connection reset by peer'
+    reached the survivor outside a step, when only the step was wrapped)."""
     try:
         yield
     except RuntimeError as exc:

@@ -169,12 +169,8 @@ class Trainer:
 
     def step(self, batches: Iterator[dict]) -> dict:
         """backward_passes_per_step micro-batches, one gradient reduction, one optimizer step;
-        returns this rank's losses by head. A peer that vanished mid-step (the transport's
-        'connection closed') is reported as such: PeerLostError."""
-        with faults.peer_loss_reported(self.cfg, self.model):
-            return self._step(batches)
-
-    def _step(self, batches: Iterator[dict]) -> dict:
+        returns this rank's losses by head. (A peer that vanished mid-step is reported by the
+        loop around it: faults.peer_loss_reported.)"""
         cfg, timer, backend = self.cfg, self.timer, self.backend
         micro = cfg.dist.backward_passes_per_step
         losses: dict[str, float] = {}
