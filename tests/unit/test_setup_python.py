@@ -16,27 +16,46 @@ SCRIPT = REPO / "scripts" / "install_stack.sh"
 
 
 def fake_python(path: Path, version: str) -> Path:
-    """Stands in for an interpreter: setup only asks it for its version before creating a venv."""
+    """Stands in for an interpreter: it answers its version and makes a venv of itself, nothing
+    more (setup's pip step then fails)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"#!/bin/sh\necho {version}\n")
+    path.write_text(f"""#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = venv ]; then
+    {shutil.which("mkdir")} -p "$3/bin" && {shutil.which("cp")} "$0" "$3/bin/python"; exit 0
+fi
+case "$*" in *sys.version_info*) echo {version}; exit 0 ;; esac
+exit 1
+""")
     path.chmod(0o755)
     return path
 
 
-def setup(tmp_path: Path, stack: str, python: Path | None, venv: Path):
-    env = os.environ | {"HVD_CTSM_STACK": stack, "VENV": str(venv), "SKIP_APT": "1",
-                        "HVD_CTSM_CACHE": str(tmp_path / "cache")}
-    env.pop("PYTHON", None)
-    env.pop("HVD_CTSM_BACKENDS", None)
-    if python:
-        env["PYTHON"] = str(python)
-    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True,
-                          timeout=60)
+def machine_with(tmp_path: Path, versions: list[str]) -> str:
+    """A PATH holding only the tools setup calls before pip, and python3.X for each version."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("dirname", "sed", "date", "mkdir"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    for version in versions:
+        fake_python(bin_dir / f"python{version}", version)
+    return str(bin_dir)
+
+
+def setup(tmp_path: Path, stack: str, venv: Path, python: Path | None = None,
+          path: str | None = None) -> subprocess.CompletedProcess:
+    """scripts/install_stack.sh, system packages skipped; PYTHON unset unless `python`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "HVD_CTSM_BACKENDS")}
+    env |= {"HVD_CTSM_STACK": stack, "VENV": str(venv), "SKIP_APT": "1",
+            "HVD_CTSM_CACHE": str(tmp_path / "cache")}
+    env |= {"PYTHON": str(python)} if python else {}
+    env |= {"PATH": path} if path else {}
+    return subprocess.run([shutil.which("bash"), str(SCRIPT)], env=env, capture_output=True,
+                          text=True, timeout=60)
 
 
 def test_the_classic_stack_refuses_a_later_python_before_creating_anything(tmp_path):
     venv = tmp_path / "venv"
-    done = setup(tmp_path, "classic", fake_python(tmp_path / "py" / "python3.12", "3.12"), venv)
+    done = setup(tmp_path, "classic", venv, fake_python(tmp_path / "py" / "python3.12", "3.12"))
     assert done.returncode == 1
     assert "is Python 3.12; the classic stack is verified on 3.11" in done.stderr
     assert not venv.exists()
@@ -46,7 +65,7 @@ def test_a_venv_of_another_python_is_named_and_left_as_it_is(tmp_path):
     venv = tmp_path / "venv"
     fake_python(venv / "bin" / "python", "3.12")
     (venv / "kept").write_text("a user's file")
-    done = setup(tmp_path, "current", fake_python(tmp_path / "py" / "python3.13", "3.13"), venv)
+    done = setup(tmp_path, "current", venv, fake_python(tmp_path / "py" / "python3.13", "3.13"))
     assert done.returncode == 1
     assert f"{venv} holds Python 3.12, not 3.13" in done.stderr
     assert "remove" in done.stderr and (venv / "kept").read_text() == "a user's file"
@@ -61,48 +80,21 @@ def test_setup_and_the_doctor_name_the_same_pythons():
     assert as_text == {"classic": classic, "current": current}
 
 
-def machine_with(tmp_path: Path, versions: list[str]) -> dict:
-    """A PATH holding only the tools setup calls before pip, and fake python3.X commands that
-    answer their version and make a venv of themselves (nothing more: pip then fails)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in ("dirname", "sed", "date", "mkdir"):
-        (bin_dir / tool).symlink_to(shutil.which(tool))
-    for version in versions:
-        fake = bin_dir / f"python{version}"
-        fake.write_text(f"""#!/bin/sh
-if [ "$1" = -m ] && [ "$2" = venv ]; then
-    {shutil.which("mkdir")} -p "$3/bin" && {shutil.which("cp")} "$0" "$3/bin/python"; exit 0
-fi
-case "$*" in *sys.version_info*) echo {version}; exit 0 ;; esac
-exit 1
-""")
-        fake.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "HVD_CTSM_BACKENDS")}
-    return env | {"PATH": str(bin_dir)}
-
-
 @pytest.mark.parametrize("versions, chosen", [(["3.12"], "3.12"), (["3.13", "3.12"], "3.12"),
                                               (["3.12", "3.11"], "3.11")])
 def test_unset_the_current_stack_takes_the_first_of_its_pythons_found(tmp_path, versions,
                                                                         chosen):
-    env = machine_with(tmp_path, versions) | {
-        "HVD_CTSM_STACK": "current", "VENV": str(tmp_path / "venv"), "SKIP_APT": "1",
-        "HVD_CTSM_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([shutil.which("bash"), str(SCRIPT)], env=env, capture_output=True,
-                          text=True, timeout=60)
+    venv = tmp_path / "venv"
+    done = setup(tmp_path, "current", venv, path=machine_with(tmp_path, versions))
     assert "virtual environment" in done.stdout
     assert 'step "pinned Python packages' in done.stderr  # the fake has no pip
-    made = subprocess.run([tmp_path / "venv" / "bin" / "python", "-c", "sys.version_info"],
+    made = subprocess.run([venv / "bin" / "python", "-c", "sys.version_info"],
                           capture_output=True, text=True)
     assert made.stdout.strip() == chosen
 
 
 def test_unset_with_no_python_of_its_own_the_classic_stack_names_3_11(tmp_path):
-    env = machine_with(tmp_path, ["3.12"]) | {
-        "HVD_CTSM_STACK": "classic", "VENV": str(tmp_path / "venv"), "SKIP_APT": "1",
-        "HVD_CTSM_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([shutil.which("bash"), str(SCRIPT)], env=env, capture_output=True,
-                          text=True, timeout=60)
+    venv = tmp_path / "venv"
+    done = setup(tmp_path, "classic", venv, path=machine_with(tmp_path, ["3.12"]))
     assert done.returncode == 1 and "python3.11 not found" in done.stderr
-    assert not (tmp_path / "venv").exists()
+    assert not venv.exists()
