@@ -1,7 +1,7 @@
 """Backtest a trained model on held-out time, against popularity, and apply the deploy gate.
 
     python -m hvd_ctsm.evaluation.backtest --data DIR --model RUN --report RUN/backtest.json \
-        --gate 'ndcg@10>=0.05' [--champion registry/current/backtest.json --tolerance 0.005]
+        --gate 'ndcg@10>=0.05' [--champion REGISTRY --tolerance 0.005]
         ... --champion models:/ctsm@champion     # the champion from the MLflow registry
 
 Exit code 0 when the gate passes (or none is set), 1 when it refuses: a pipeline stops there.
@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", type=location, required=True, help="where the JSON report goes")
     p.add_argument("--split", default="test", choices=["test", "validation"])
     p.add_argument("--gate", default="", help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'")
-    p.add_argument("--champion", help="the deployed model's report, or models:/NAME@champion "
+    p.add_argument("--champion", help="the deployed model: REGISTRY (its current version's "
+                                      "report), a report file, or models:/NAME@champion "
                                       "(MLflow registry): do not be worse than it")
     p.add_argument("--tolerance", type=float, default=0.005, help="allowed NDCG@10 drop")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled negatives")

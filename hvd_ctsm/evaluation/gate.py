@@ -1,7 +1,7 @@
 """The deploy gate: its rules, and the step that applies them to an existing backtest report.
 
     python -m hvd_ctsm.evaluation.gate --report RUN/backtest.json --gate 'ndcg@10>=0.05' \
-        [--champion registry/current/backtest.json --tolerance 0.005]
+        [--champion REGISTRY --tolerance 0.005]  # the deployed version's report
     ... --champion models:/ctsm@champion      # the champion from the MLflow registry
 
 The decision also goes to the model's MLflow run when it was tracked (hvd_ctsm.tracking).
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from hvd_ctsm import tracking
-from hvd_ctsm.errors import arg_parser
+from hvd_ctsm.errors import arg_parser, one_line
 from hvd_ctsm.files.atomic import atomic_write_bytes
 from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import model_file
@@ -64,17 +64,26 @@ def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) ->
 
 
 def load_champion(ref: str | None, model_path: str | Path) -> dict | None:
-    """The champion's report for the gate: a report file (REGISTRY/current/backtest.json), or
-    models:/NAME@champion from the MLflow registry (the store of the model's run; None and a
-    note when no version holds the alias yet: the first deploy has nothing to beat)."""
+    """The champion's report for the gate: the folder registry's (REGISTRY: its current
+    version's backtest.json), a version folder's, a report file, or models:/NAME@champion from
+    the MLflow registry (the store of the model's run; None and a note when no version holds
+    the alias yet: the first deploy has nothing to beat)."""
     if not ref:
         return None
-    if not ref.startswith("models:/"):
-        return json.loads(Path(ref).read_text())
-    champion = tracking.champion_report(ref, model_file(model_path).parent)
-    if champion is None:
-        print(f"no model version holds {ref} yet: the champion rule is skipped")
-    return champion
+    if ref.startswith("models:/"):
+        champion = tracking.champion_report(ref, model_file(model_path).parent)
+        if champion is None:
+            print(f"no model version holds {ref} yet: the champion rule is skipped")
+        return champion
+    path = Path(ref)
+    if not path.is_dir():
+        return json.loads(path.read_text())
+    report = model_file(path).parent / "backtest.json"
+    if not report.is_file():
+        raise ValueError(f"--champion {ref}: no deployed version's report there ({report} not "
+                         "found): name a registry deploy wrote to, or leave --champion out "
+                         "until the first deploy")
+    return json.loads(report.read_text())
 
 
 def decide(report: dict, rules, champion: dict | None, tolerance: float,
@@ -99,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", type=location, required=True, help="a report written by "
                                                        "hvd-ctsm backtest")
     p.add_argument("--gate", required=True, help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'")
-    p.add_argument("--champion", help="the deployed model's report, or models:/NAME@champion "
-                                      "(MLflow registry): do not be worse than it")
+    p.add_argument("--champion", help="the deployed model: REGISTRY (its current version's "
+                                      "report), a report file, or models:/NAME@champion (MLflow "
+                                      "registry): do not be worse than it")
     p.add_argument("--tolerance", type=float, default=0.005, help="allowed NDCG@10 drop")
     args = p.parse_args(argv)
     try:
@@ -111,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("the gate names no rule (e.g. 'ndcg@10>=0.05')")
         apply_gate(report["model"], rules, champion, args.tolerance)  # bad report: exit 2
     except (ValueError, KeyError, OSError) as exc:
-        print(f"hvd-ctsm gate: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"hvd-ctsm gate: error: {one_line(exc)}", file=sys.stderr)
         return 2
     return 0 if decide(report, rules, champion, args.tolerance, args.report, "gate") else 1
 

@@ -104,8 +104,8 @@ def champion_report(ref: str, near: str | Path | None = None) -> dict | None:
     link = read_link(Path(near)) if near is not None and Path(near).is_dir() else None
     uri = link.tracking_uri if link else tracking_uri("", Path(near or "run"))[0]
     if not mlflow_installed():
-        raise ValueError(f"--champion {ref} needs the mlflow package; pass the champion's "
-                         "report file instead (REGISTRY/current's backtest.json)")
+        raise ValueError(f"--champion {ref} needs the mlflow package; pass the folder "
+                         "registry instead (--champion REGISTRY: its current version's report)")
     from hvd_ctsm.tracking.registry import champion_report as read_champion
 
     return read_champion(uri, ref)

@@ -50,10 +50,11 @@ def test_backtest_gate_and_deploy(tiny_features, trained, tmp_path, capsys):
     assert version.name == "v0001"
     assert {"model.pt", "config.yaml", "metadata.json", "vocab.json",
             "backtest.json"} <= {p.name for p in version.iterdir()}
-    # A champion gate against the deployed report: the same model is not worse than itself.
+    # A champion gate against the registry's deployed report: the same model is not worse
+    # than itself.
     assert backtest.main(["--data", str(tiny_features), "--model", str(trained), "--report",
-                          str(tmp_path / "r2.json"), "--champion",
-                          str(version / "backtest.json"), "--tolerance", "0"]) == 0
+                          str(tmp_path / "r2.json"), "--champion", str(registry),
+                          "--tolerance", "0"]) == 0
 
 
 @pytest.mark.spark

@@ -30,6 +30,28 @@ def test_gate_step_against_a_champion(tmp_path):
     assert gate.main([*args, "--tolerance", "0.001"]) == 1
 
 
+def test_the_champion_is_read_from_a_registry_or_a_version_folder(tmp_path, capsys):
+    """--champion REGISTRY reads its current version's report (`current` is a file naming the
+    version, not a folder); a folder with no deployed report is one line and exit 2."""
+    report = write_report(tmp_path / "r.json")
+    registry = tmp_path / "registry"
+    (registry / "v0001").mkdir(parents=True)
+    (registry / "v0002").mkdir()
+    write_report(registry / "v0001" / "backtest.json", {"full": {"ndcg@10": 0.2}})
+    write_report(registry / "v0002" / "backtest.json", {"full": {"ndcg@10": 0.125}})
+    (registry / "current").write_text("v0002\n")
+    args = ["--report", str(report), "--gate", "", "--tolerance", "0.01", "--champion"]
+    assert gate.main([*args, str(registry)]) == 0  # v0002's 0.125, within 0.01
+    assert gate.main([*args, str(registry / "v0001")]) == 1  # 0.2: worse than that one
+    capsys.readouterr()
+    assert gate.main([*args, str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.strip().endswith("empty not found; check the path")
+    (tmp_path / "empty").mkdir()
+    assert gate.main([*args, str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert "leave --champion out until the first deploy" in err and len(err.splitlines()) == 1
+
+
 def test_malformed_gate_or_report_exits_2_and_keeps_the_report(tmp_path):
     report = write_report(tmp_path / "r.json")
     before = report.read_text()
