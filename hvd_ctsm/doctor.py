@@ -374,7 +374,7 @@ def stdout_to_stderr(enabled: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = arg_parser(None, __doc__.splitlines()[0])
+    parser = arg_parser("hvd-ctsm doctor", __doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--skip-slow", action="store_true",
                         help="skip the checks that start processes (allreduce, Spark, Petastorm)")

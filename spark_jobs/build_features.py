@@ -292,8 +292,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--ties",
         choices=("strict", "input-order"),
         default="strict",
-        help="same-timestamp events: strict (default: none is history for another) or "
-        "input-order (ordered by their position in the input; see README)",
+        help="same-timestamp events: strict (default, leakage-safe: none is history for "
+        "another) or input-order (the input's row order taken as time, as published MovieLens "
+        "results do: for comparing with them only; benchmarks/QUALITY.md)",
     )
     p.add_argument("--row-groups", type=int, default=64, help="least row groups per split")
     p.add_argument("--label-min-rating", type=float, default=4.0)
