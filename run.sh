@@ -87,7 +87,7 @@ step() { "$VENV/bin/hvd-ctsm" "$@"; }
 hvdrun() {
     need_horovod "BACKEND=horovod"
     # shellcheck disable=SC2086
-    "$VENV/bin/horovodrun" -np "$NP" --gloo ${HOROVODRUN_ARGS:-} "$@"
+    launched horovodrun -np "$NP" --gloo ${HOROVODRUN_ARGS:-} "$@"
 }
 
 # One line and exit 2 where a Horovod route is asked for and the venv has no Horovod.
@@ -105,9 +105,14 @@ torchrun_launch() {
     # OMP_NUM_THREADS=1 is torchrun's own default, set here so that it prints no banner about it;
     # each rank then takes dist.threads_per_rank threads (cores / ranks unless set).
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" "$VENV/bin/torchrun" ${TORCHRUN_ARGS:---standalone} \
+    OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" launched torchrun ${TORCHRUN_ARGS:---standalone} \
         --nproc-per-node "$NP" --max-restarts "${MAX_RESTARTS:-0}" "$@"
 }
+
+# A launcher (torchrun or horovodrun) and its arguments, run by hvd_ctsm/distributed/launchers.py:
+# when workers fail it ends in one line and the exit code of errors.py's table they mean, not
+# the launcher's traceback and its 1 for any failure.
+launched() { py -m hvd_ctsm.distributed.launchers "$@"; }
 
 # BACKEND picks the trainer's launcher. Without it: torch on a CPU-only host (DDP overlaps the
 # gradient reduction with backward, Horovod waits for it after: torch trained 4-7% faster in
@@ -177,7 +182,7 @@ pipeline_spark() {
 # On a cluster, point HOSTS_SCRIPT at a script that prints the live hosts.
 elastic() {
     need_horovod "elastic training"
-    "$VENV/bin/horovodrun" -np 2 --min-np 1 --max-np 2 \
+    launched horovodrun -np 2 --min-np 1 --max-np 2 \
         --host-discovery-script "${HOSTS_SCRIPT:-$REPO/scripts/local_hosts.sh}" \
         --network-interface lo --blacklist-cooldown-range 10 60 --gloo \
         "$VENV/bin/python" -m hvd_ctsm.train --elastic ${CONFIG:+--config "$CONFIG"} "$@"

@@ -8,6 +8,7 @@ Spark pipeline, and `./run.sh` around torchrun and horovodrun) are EXIT_CODES be
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -51,9 +52,40 @@ def one_line(exc: BaseException) -> str:
     return text
 
 
+# torchrun and horovodrun exit 1 whatever their workers' codes were. ./run.sh's launchers
+# (hvd_ctsm.distributed.launchers) name a folder in this variable for the workers they start;
+# each one that fails writes its code there, and the run exits with the code they mean.
+EXIT_CODE_DIR = "HVD_CTSM_EXIT_CODE_DIR"
+
+
+def record_exit_code(code: int) -> int:
+    """Leave a failed `code` where the launcher's caller reads it (EXIT_CODE_DIR); `code`."""
+    folder = os.environ.get(EXIT_CODE_DIR)
+    if code and folder:
+        try:
+            with open(os.path.join(folder, str(os.getpid())), "w") as out:
+                out.write(f"{code}\n")
+        except OSError:  # the code still goes to the launcher; the run then says 3
+            pass
+    return code
+
+
 def run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None = None) -> int:
     """Run `main(argv)`: exit code from it, or one line on stderr and 2 (bad input, permission)
-    or 3 (anything else). `--debug` in argv lets the traceback through."""
+    or 3 (anything else), recorded for ./run.sh's launchers (record_exit_code). `--debug` in
+    argv lets the traceback through."""
+    try:
+        return record_exit_code(_run_cli(main, prog, argv))
+    except SystemExit as stop:  # argparse's exit 2, a program's sys.exit(N)
+        if isinstance(stop.code, int):
+            record_exit_code(stop.code)
+        raise
+    except Exception as exc:  # let through by --debug: the code it means is recorded still
+        record_exit_code(exit_code_for(exc))
+        raise
+
+
+def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]

@@ -14,6 +14,9 @@ under either launcher:
 
     horovodrun -np 2 --gloo python -m hvd_ctsm.distributed selftest
     torchrun --standalone --nproc-per-node 2 -m hvd_ctsm.distributed selftest
+
+./run.sh starts both launchers through `launchers`, in its process, so that a run whose workers
+failed ends in one line and the exit code they mean.
 """
 
 from __future__ import annotations

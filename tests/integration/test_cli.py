@@ -2,6 +2,7 @@
 The unit-tier part is in tests/unit/test_cli.py."""
 
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -45,3 +46,24 @@ def test_run_sh_train_checks_once_before_any_launcher_starts(backend, tmp_path):
         assert proc.returncode == 2, proc.stderr
         assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torch", "horovod"])
+def test_run_sh_train_exits_with_its_workers_code_not_the_launchers(backend, tiny_features,
+                                                                    tmp_path):
+    """A dataset with a Parquet file deleted passes the check before launch (it reads the
+    metadata) and is refused by every worker, exit 2: ./run.sh train exits 2 too (before: the
+    launcher's 1, which the exit table reads as "refused by a gate", after its traceback)."""
+    data = tmp_path / "damaged"
+    shutil.copytree(tiny_features, data)
+    sorted((data / "train").glob("*.parquet"))[1].unlink()
+    env = {**os.environ, "NP": "2", "BACKEND": backend}
+    proc = subprocess.run(["./run.sh", "train", "--data", str(data), "--out", str(tmp_path / "run"),
+                           "epochs=1"], cwd=REPO, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "is missing" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    launcher = {"torch": "torchrun", "horovod": "horovodrun"}[backend]
+    assert proc.stderr.strip().splitlines()[-1] == \
+        f"{launcher}: a worker stopped: bad input (exit 2); its message is above"

@@ -155,3 +155,39 @@ def test_a_spark_jvm_out_of_memory_is_one_line_naming_the_heap_setting(capsys, e
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and says in err, err
     assert "--conf spark.driver.memory=16g" in err and "JavaSparkContext" not in err
+
+
+def test_a_failed_program_leaves_its_exit_code_for_run_sh(tmp_path, monkeypatch, capsys):
+    """Under run.sh's launchers each worker's code is read from HVD_CTSM_EXIT_CODE_DIR (torchrun
+    and horovodrun exit 1 whatever it was): bad input 2, a crash 3, argparse's exit 2, bad input
+    let through by --debug; a program that succeeds, or runs without the variable, writes
+    nothing."""
+    from hvd_ctsm.errors import EXIT_CODE_DIR, run_cli
+
+    def fails_with(error):
+        def main(argv):
+            raise error
+        return main
+
+    monkeypatch.delenv(EXIT_CODE_DIR, raising=False)
+    assert run_cli(fails_with(ValueError("bad")), "p", []) == 2
+    for error, code in [(ValueError("bad"), 2), (RuntimeError("bug"), 3)]:
+        folder = tmp_path / str(code)
+        folder.mkdir()
+        monkeypatch.setenv(EXIT_CODE_DIR, str(folder))
+        assert run_cli(fails_with(error), "p", []) == code
+        assert [f.read_text() for f in folder.iterdir()] == [f"{code}\n"]
+    for name, error, argv in [("argparse", SystemExit(2), []),
+                              ("debug", ValueError("bad"), ["--debug"])]:  # raised, recorded
+        folder = tmp_path / name
+        folder.mkdir()
+        monkeypatch.setenv(EXIT_CODE_DIR, str(folder))
+        with pytest.raises(type(error)):
+            run_cli(fails_with(error), "p", argv)
+        assert [f.read_text() for f in folder.iterdir()] == ["2\n"]
+    folder = tmp_path / "ok"
+    folder.mkdir()
+    monkeypatch.setenv(EXIT_CODE_DIR, str(folder))
+    assert run_cli(lambda argv: 0, "p", []) == 0
+    assert not list(folder.iterdir())
+    capsys.readouterr()

@@ -1,0 +1,86 @@
+"""./run.sh's launchers, torchrun and horovodrun, run in this process so that a run whose workers
+failed ends in one line and the exit code of hvd_ctsm/errors.py's table, not in the launcher's
+traceback (38 lines from torchrun, 27 from horovodrun) and its exit 1 for any failure.
+
+    python -m hvd_ctsm.distributed.launchers torchrun --standalone --nproc-per-node 2 ...
+    python -m hvd_ctsm.distributed.launchers horovodrun -np 2 --gloo ...
+
+Each worker that fails writes its own code into a folder of this host named by EXIT_CODE_DIR
+(errors.record_exit_code). The run exits 2 where a worker was given bad input (the other ranks'
+lost peer follows from it), 1 where one was refused, else 3: a crash, a rank killed (by the
+kernel's OOM killer, say), or workers on other hosts, whose folders are theirs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from hvd_ctsm.errors import EXIT_BAD_INPUT, EXIT_CODE_DIR, EXIT_CRASH, EXIT_REFUSED
+
+# horovodrun's error when a worker exited non-zero (static and elastic runs alike).
+HOROVOD_WORKER_FAILED = "processes exited with non-zero status"
+MEANING = {EXIT_REFUSED: "refused", EXIT_BAD_INPUT: "bad input", EXIT_CRASH: "crashed"}
+
+
+class WorkersFailed(Exception):
+    """The launcher ended because a worker exited non-zero."""
+
+
+def launch(launcher: str, argv: list[str]) -> int:
+    """Run `launcher` (torchrun or horovodrun) with `argv`; 0, or the code its workers mean."""
+    codes = Path(tempfile.mkdtemp(prefix="hvd_ctsm-exit-codes-"))
+    os.environ[EXIT_CODE_DIR] = str(codes)
+    try:
+        run_launcher(launcher, argv)
+        return 0
+    except WorkersFailed:
+        recorded = [f.read_text().strip() for f in codes.iterdir()]
+        code = run_exit_code([int(text) for text in recorded if text.isdigit()])
+        print(f"{launcher}: a worker stopped: {MEANING[code]} (exit {code}); its message is "
+              "above", file=sys.stderr)
+        return code
+    finally:
+        shutil.rmtree(codes, ignore_errors=True)
+
+
+def run_exit_code(recorded: list[int]) -> int:
+    """The run's exit code from the codes its failed workers wrote: bad input is the cause the
+    other ranks' lost peer follows from, a refusal next; nothing written is a crash or a kill."""
+    for code in (EXIT_BAD_INPUT, EXIT_REFUSED):
+        if code in recorded:
+            return code
+    return EXIT_CRASH
+
+
+def run_launcher(launcher: str, argv: list[str]) -> None:
+    """The launcher's own command line, in this process; WorkersFailed when a worker failed."""
+    if launcher == "torchrun":
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import main
+
+        try:
+            main(argv)
+        except ChildFailedError:
+            raise WorkersFailed from None
+    elif launcher == "horovodrun":
+        from horovod.runner.launch import run_commandline
+
+        sys.argv = ["horovodrun", *argv]  # horovodrun reads its own sys.argv
+        try:
+            run_commandline()
+        except RuntimeError as exc:
+            if HOROVOD_WORKER_FAILED not in str(exc):
+                raise
+            raise WorkersFailed from None
+    else:
+        raise SystemExit(f"error: launcher {launcher!r}: use torchrun or horovodrun")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    sys.exit(launch(sys.argv[1], sys.argv[2:]))

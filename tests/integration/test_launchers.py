@@ -1,0 +1,63 @@
+"""./run.sh's launchers run in one process (hvd_ctsm.distributed.launchers): a run whose workers
+failed ends in one line and the exit code of the errors table its workers mean, under real
+torchrun (both stacks) and horovodrun. The workers are tiny scripts that end through run_cli as
+every program does, or are killed as the kernel's OOM killer would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.both_stacks, pytest.mark.slow]
+
+WORKER = """
+import os, signal, sys, time
+from hvd_ctsm.errors import run_cli
+rank = int(os.environ.get("RANK") or os.environ["HOROVOD_RANK"])
+action = sys.argv[1 + rank]
+
+def main(argv):
+    if action == "bad":
+        raise ValueError("this rank's input is bad")
+    if action == "bug":
+        raise RuntimeError("a bug")
+    if action == "killed":
+        time.sleep(2)  # after the other rank's exit: its code is written first
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 0
+
+sys.exit(run_cli(main, f"rank {rank}"))
+"""
+
+# (each rank's action, the run's exit code, what the last line says it means)
+CASES = [(("ok", "ok"), 0, None), (("bad", "killed"), 2, "bad input"),
+         (("ok", "bug"), 3, "crashed"), (("killed", "ok"), 3, "crashed")]
+
+
+def launcher_command(launcher: str, worker: str, actions) -> list[str]:
+    args = {"torchrun": ["--standalone", "--nproc-per-node", "2", worker],
+            "horovodrun": ["-np", "2", "--gloo", sys.executable, worker]}[launcher]
+    return [sys.executable, "-m", "hvd_ctsm.distributed.launchers", launcher, *args, *actions]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun",
+                                      pytest.param("horovodrun", marks=pytest.mark.horovod)])
+def test_a_failed_run_ends_in_one_line_with_the_code_its_workers_mean(launcher, tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # horovodrun takes 6 s a launch: bad input beside a killed rank, and a killed rank alone
+    cases = CASES if launcher == "torchrun" else [CASES[1], CASES[3]]
+    for actions, code, meaning in cases:
+        proc = subprocess.run(launcher_command(launcher, str(worker), actions), cwd=tmp_path,
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == code, (actions, proc.stderr[-3000:])
+        assert "Traceback" not in proc.stderr, (actions, proc.stderr[-3000:])
+        if meaning:
+            last = proc.stderr.strip().splitlines()[-1]
+            assert last == f"{launcher}: a worker stopped: {meaning} (exit {code}); its " \
+                           "message is above", (actions, proc.stderr[-3000:])
+        assert not list(tmp_path.glob("hvd_ctsm-exit-codes-*"))
