@@ -104,11 +104,11 @@ def check_replaceable(out: str | Path, kind: str, inputs: Iterable[str | Path | 
     record = marker(out)
     if record is None:
         raise UnsafeOutputError(
-            f"refusing to overwrite {out}: it was not written by hvd_ctsm (no {MARKER} in it); "
+            f"refusing to write to {out}: it was not written by hvd_ctsm (no {MARKER} in it); "
             "pick another --out, or remove the folder yourself if it is really disposable")
     if record.get("kind") != kind:
         raise UnsafeOutputError(
-            f"refusing to overwrite {out}: it holds hvd_ctsm {record.get('kind')} output, not "
+            f"refusing to write to {out}: it holds hvd_ctsm {record.get('kind')} output, not "
             f"{kind}; pick another --out")
 
 
@@ -158,12 +158,11 @@ def remove_stale_temps(out: str | Path) -> list[Path]:
 
 def check_output(out: Path, overwrite: bool, kind: str, inputs=()) -> None:
     """Stop unless `out` may be written: it overlaps no input, and an existing `out` is replaced
-    only with `overwrite` and only when it is ours (check_replaceable). Creates nothing."""
-    check_not_an_input(out, inputs)
+    only when it is ours (check_replaceable: else refused, so the message never suggests
+    --overwrite for it) and only with `overwrite`. Creates nothing."""
+    check_replaceable(out, kind, inputs)
     if out.exists() and not overwrite:
         raise OutputExistsError(f"output {out} exists; pass --overwrite to replace it")
-    if overwrite:
-        check_replaceable(out, kind, inputs)
 
 
 def staging_dir(out: Path, overwrite: bool, kind: str = "features", inputs=()) -> Path:

@@ -19,15 +19,16 @@ def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str,
                      remove: bool = True) -> None:
     """A new run never mixes its checkpoints and logs with an earlier run's, and --overwrite
     removes only a run folder we wrote (hvd_ctsm.files.outputs), never the dataset or a folder
-    holding it. `remove=False` checks only (--check)."""
+    holding it. A folder we did not write is refused whatever the flags: --resume into it would
+    mark it ours, and a later --overwrite remove its files. `remove=False` checks only
+    (--check)."""
     try:
-        outputs.check_not_an_input(out, [data])
+        outputs.check_replaceable(out, "run", [data])
         if resume or outputs.is_empty(out):
             return
         if not overwrite:
             raise SystemExit(f"error: {out} already holds a run: pass --resume to continue it "
                              "or --overwrite to start afresh")
-        outputs.check_replaceable(out, "run", [data])
     except outputs.UnsafeOutputError as exc:
         raise SystemExit(f"error: {exc}") from exc
     if remove and launch_rank() == 0:  # every rank checks; one removes

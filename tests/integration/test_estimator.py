@@ -46,7 +46,7 @@ def test_an_out_it_may_not_replace_is_refused_before_any_work(spark, tiny_featur
     theirs.mkdir()
     (theirs / "keep.txt").write_text("not ours")
     store = tmp_path / "store"
-    for out, extra, says in ((theirs, [], "exists; pass --overwrite"),
+    for out, extra, says in ((theirs, [], "not written by hvd_ctsm"),
                              (theirs, ["--overwrite"], "not written by hvd_ctsm"),
                              (tiny_features, ["--overwrite"], "lies inside the input"),
                              (store / "preds", [], "lies inside the input")):

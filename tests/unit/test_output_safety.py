@@ -42,15 +42,19 @@ def test_a_run_folder_of_ours_is_removed_marker_last(tmp_path):
     assert not run.exists() and outputs.is_empty(run)
 
 
-def test_train_overwrite_of_a_folder_we_did_not_write_refuses(tmp_path):
+@pytest.mark.parametrize("flag", [[], ["--overwrite"], ["--resume"]])
+def test_train_into_a_folder_we_did_not_write_refuses(tmp_path, flag):
+    """With --resume too: it used to train into the folder and mark it ours, so that a later
+    --overwrite removed the user's files."""
     out = tmp_path / "not-a-run"
     out.mkdir()
     (out / "report.docx").write_bytes(b"years of work")
     proc = subprocess.run([sys.executable, "-m", "hvd_ctsm.train", "--data", str(tmp_path / "data"),
-                           "--out", str(out), "--overwrite"], capture_output=True, text=True,
+                           "--out", str(out), *flag], capture_output=True, text=True,
                           timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "not written by hvd_ctsm" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["report.docx"]
     assert (out / "report.docx").read_bytes() == b"years of work"
 
 
