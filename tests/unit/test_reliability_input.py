@@ -7,7 +7,16 @@ This file holds the unit-tier part; the rest is in tests/integration/test_reliab
 import pytest
 
 from hvd_ctsm.data.batches import DatasetError
+from hvd_ctsm.files import outputs
 from hvd_ctsm.train import launch
+
+
+def run_folder(tmp_path):
+    """A run folder as the trainer makes one: marked ours (the config is saved by each test)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    outputs.mark(out, "run")
+    return out
 
 
 @pytest.mark.parametrize("override, message", [
@@ -30,8 +39,7 @@ def test_bad_config_stops_with_a_clear_error_before_any_worker(tmp_path, overrid
 def test_resume_with_another_model_shape_stops_in_one_line(tmp_path):
     from hvd_ctsm.config import load_config, save_config
 
-    out = tmp_path / "run"
-    out.mkdir()
+    out = run_folder(tmp_path)
     save_config(load_config(None, ["model.dim=32"]), out / "config.yaml")
     with pytest.raises(SystemExit) as stop:
         launch.main(["--data", str(tmp_path / "data"), "--out", str(out), "--resume",
@@ -46,8 +54,7 @@ def test_resume_of_a_run_from_before_a_default_changed_names_the_overrides(tmp_p
     3 x 4: the fix is to pass the saved values, not to drop overrides the user never gave."""
     from hvd_ctsm.config import load_config, save_config
 
-    out = tmp_path / "run"
-    out.mkdir()
+    out = run_folder(tmp_path)
     save_config(load_config(None, ["model.layers=2", "model.heads=2",
                                    "model.attention_dropout=null"]), out / "config.yaml")
     with pytest.raises(SystemExit) as stop:
@@ -63,8 +70,7 @@ def test_resume_of_a_run_saved_before_a_setting_existed_names_what_it_trained_wi
 
     from hvd_ctsm.config import load_config, save_config
 
-    out = tmp_path / "run"
-    out.mkdir()
+    out = run_folder(tmp_path)
     save_config(load_config(None), out / "config.yaml")
     saved = yaml.safe_load((out / "config.yaml").read_text())
     del saved["model"]["item_tags"]
@@ -79,8 +85,7 @@ def test_resume_may_change_how_new_weights_are_drawn(tmp_path):
     changed resumes with no override (and goes on to the dataset, missing here)."""
     from hvd_ctsm.config import load_config, save_config
 
-    out = tmp_path / "run"
-    out.mkdir()
+    out = run_folder(tmp_path)
     save_config(load_config(None, ["model.feature_init_std=null"]), out / "config.yaml")
     with pytest.raises(DatasetError, match="point --data at a folder written by"):
         launch.main(["--data", str(tmp_path / "data"), "--out", str(out), "--resume"])
