@@ -366,7 +366,9 @@ def train_arg_parser(prog: str = "hvd-ctsm train") -> argparse.ArgumentParser:
     p.add_argument("--data", type=location, help="feature job output folder (data.path)")
     p.add_argument("--out", type=location, help="run folder")
     p.add_argument("--epochs", help="passes over the training split (epochs)")
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint, with its own "
+                        "settings (its config.yaml; --config to use others) and the overrides")
     p.add_argument("--init-from", type=location,
                    help="warm-start from a model.pt (vocabulary may have grown)")
     p.add_argument("--overwrite", action="store_true", help="start afresh in an existing --out")

@@ -25,7 +25,7 @@ from hvd_ctsm.data.dataset_meta import read_metadata
 from hvd_ctsm.train import elastic_loop, faults
 from hvd_ctsm.train import loop as train
 from hvd_ctsm.train.run_folder import (check_out_folder, check_resume_matches,
-                                       check_warm_start_matches)
+                                       check_warm_start_matches, resumed_settings)
 from hvd_ctsm.train.support import check_launch, note_restart
 
 
@@ -42,8 +42,15 @@ class LaunchOptions:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (the only place it is parsed) -> run(cfg, options)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        cfg, args = config_from_argv(sys.argv[1:] if argv is None else argv)
+        cfg, args = config_from_argv(argv)
+        saved = resumed_settings(cfg) if args.resume and not args.config else None
+        if saved:  # --resume continues the run as it was set up, this command's overrides on top
+            cfg, args = config_from_argv([*argv, "--config", str(saved)])
+            if dist.launch_rank() == 0:
+                print(f"--resume: the settings of {saved}, with this command's overrides",
+                      file=sys.stderr)
     except ConfigError as exc:  # stops here, before any worker starts
         raise SystemExit(f"error: {exc}") from exc
     if args.print_config:

@@ -11,7 +11,7 @@ from pathlib import Path
 from hvd_ctsm.config import TrainConfig, as_override, to_dict
 from hvd_ctsm.config.model_config import INIT_ONLY, LEGACY_ARCH, architecture
 from hvd_ctsm.distributed.base import launch_rank
-from hvd_ctsm.files import outputs
+from hvd_ctsm.files import outputs, storage
 from hvd_ctsm.model.checkpoint import load_state
 
 
@@ -33,6 +33,16 @@ def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str,
         raise SystemExit(f"error: {exc}") from exc
     if remove and launch_rank() == 0:  # every rank checks; one removes
         outputs.remove_ours(out)
+
+
+def resumed_settings(cfg: TrainConfig) -> Path | None:
+    """The config.yaml a run saved in its folder, which --resume starts from (without it, a
+    resume of `train ... epochs=12 early_stop_evals=0` ran on the defaults' 100 epochs and
+    early stopping); None for a new folder or a URL."""
+    if storage.is_remote(cfg.out):
+        return None
+    saved = Path(cfg.out) / "config.yaml"
+    return saved if saved.is_file() else None
 
 
 def check_resume_matches(out: Path, cfg: TrainConfig) -> None:

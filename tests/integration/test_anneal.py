@@ -32,7 +32,8 @@ def test_two_ranks_anneal_in_sync_and_a_resume_keeps_the_lower_lr(tiny_features,
 
     stop = 3 * per_epoch - 1  # after the anneal, before the end of epoch 3
     fl.run(fl.trainer_cmd(tiny_features, parts, *args, f"max_steps={stop}", np_=2))
-    fl.run(fl.trainer_cmd(tiny_features, parts, *args, "--resume", np_=2))
+    # --resume keeps the run's own settings: max_steps=0 lifts the stop it was given
+    fl.run(fl.trainer_cmd(tiny_features, parts, *args, "--resume", "max_steps=0", np_=2))
     resumed = {r["step"]: r["lr"] for r in fl.read_jsonl(parts / "train_log.jsonl")}
     later = [s for s in resumed if s > stop]
     assert later and all(resumed[s] == pytest.approx(lr[s], rel=1e-6) for s in later)

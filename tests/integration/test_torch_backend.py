@@ -122,7 +122,9 @@ def test_a_run_stopped_under_one_backend_resumes_under_the_other(tiny_features, 
     fl.run(fl.trainer_cmd(tiny_features, out, *RUN, f"max_steps={stop}",
                           launcher=launcher(first)))
     assert fl.checkpoint_steps(out)[-1] == stop
-    proc = fl.run(fl.trainer_cmd(tiny_features, out, *RUN, "--resume", launcher=launcher(then)))
+    # --resume keeps the run's own settings: max_steps=0 lifts the stop it was given
+    proc = fl.run(fl.trainer_cmd(tiny_features, out, *RUN, "--resume", "max_steps=0",
+                                 launcher=launcher(then)))
     assert f"resumed from step {stop} " in proc.stdout + proc.stderr
     assert fl.same_model(whole_run / "model.pt", out / "model.pt")
     assert run_folder(out) == run_folder(whole_run)

@@ -64,7 +64,8 @@ def test_resume_continues_exactly_where_it_stopped(tiny_features, tmp_path):
     assert latest["position"]["step"] == stop
     assert latest["position"]["epoch"] == 1
     assert latest["position"]["batch"] == stop - steps_per_epoch
-    run_trainer(tiny_features, parts, "--epochs", "2", "--resume", *average)
+    # --resume keeps the run's own settings: max_steps=0 lifts the stop it was given
+    run_trainer(tiny_features, parts, "--epochs", "2", "--resume", "max_steps=0", *average)
     a = load_state(whole / "model.pt")["model"]
     b = load_state(parts / "model.pt")["model"]
     assert a.keys() == b.keys()

@@ -192,3 +192,29 @@ def test_a_failed_program_leaves_its_exit_code_for_run_sh(tmp_path, monkeypatch,
     assert run_cli(lambda argv: 0, "p", []) == 0
     assert not list(folder.iterdir())
     capsys.readouterr()
+
+
+def test_resume_starts_from_the_runs_own_settings(tmp_path, capsys):
+    """--resume continues a run as it was set up (its config.yaml), the command's overrides on
+    top; before, `--resume` alone ran on the defaults (100 epochs, early stopping on) and
+    rewrote the run's config.yaml without a word. A new run keeps the defaults."""
+    from hvd_ctsm.config import config_from_argv, save_config
+    from hvd_ctsm.train.launch import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg, _ = config_from_argv(["--data", "d", "--out", str(run), "epochs=12",
+                               "early_stop_evals=0"])
+    save_config(cfg, run / "config.yaml")
+
+    def printed(*argv) -> dict:
+        assert main(["--data", "d", "--out", str(run), "--print-config", *argv]) == 0
+        return yaml.safe_load(capsys.readouterr().out)
+
+    resumed = printed("--resume")
+    assert (resumed["epochs"], resumed["early_stop_evals"]) == (12, 0)
+    resumed = printed("--resume", "epochs=20")
+    assert (resumed["epochs"], resumed["early_stop_evals"]) == (20, 0)
+    new = printed()
+    default, _ = config_from_argv(["--data", "d"])
+    assert (new["epochs"], new["early_stop_evals"]) == (default.epochs, default.early_stop_evals)

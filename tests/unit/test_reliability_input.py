@@ -50,15 +50,19 @@ def test_resume_with_another_model_shape_stops_in_one_line(tmp_path):
 
 
 def test_resume_of_a_run_from_before_a_default_changed_names_the_overrides(tmp_path):
-    """A run started with the 2 x 2 default, resumed with no override after the default became
-    3 x 4: the fix is to pass the saved values, not to drop overrides the user never gave."""
+    """A run started with the 2 x 2 default, after the default became 3 x 4: resumed with no
+    override it continues with its own settings (and goes on to the dataset, missing here);
+    resumed with the default preset asked for, the fix is to pass the saved values."""
     from hvd_ctsm.config import load_config, save_config
 
     out = run_folder(tmp_path)
     save_config(load_config(None, ["model.layers=2", "model.heads=2",
                                    "model.attention_dropout=null"]), out / "config.yaml")
+    args = ["--data", str(tmp_path / "data"), "--out", str(out), "--resume"]
+    with pytest.raises(DatasetError, match="point --data at a folder written by"):
+        launch.main(args)
     with pytest.raises(SystemExit) as stop:
-        launch.main(["--data", str(tmp_path / "data"), "--out", str(out), "--resume"])
+        launch.main([*args, "--config", "default"])
     assert ("pass model.attention_dropout=null model.heads=2 model.layers=2 to resume it"
             in str(stop.value))
 
