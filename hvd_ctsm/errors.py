@@ -13,13 +13,15 @@ import sys
 from collections.abc import Callable
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # the shell's code for a command ended by SIGINT (128 + 2)
 EXIT_CODES = """exit codes:
   0  done
   1  refused by a gate or a check: the backtest's or gate's rule, deploy's checks; nothing is
      wrong with the inputs
   2  bad arguments or input: a bad config value, a missing or damaged dataset or model, an output
      that may not be written; the one-line message names the fix
-  3  crashed: a bug or an environment problem; rerun with --debug for the traceback"""
+  3  crashed: a bug or an environment problem; rerun with --debug for the traceback
+130  interrupted (Ctrl-C); a training run goes on from its last checkpoint with --resume"""
 
 
 def arg_parser(prog: str | None, description: str) -> argparse.ArgumentParser:
@@ -101,6 +103,9 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
             print(stop.code, file=sys.stderr)
             return EXIT_BAD_INPUT
         raise
+    except KeyboardInterrupt as stop:  # Ctrl-C: its own message where a step gave one
+        print(f"{prog}: {str(stop) or 'interrupted'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001  one line; --debug shows the traceback
         detail = spark_jvm_stopped(exc) or f"{type(exc).__name__}: {one_line(exc)}"
         print(f"{prog}: crashed: {detail} (rerun with --debug for the traceback)",

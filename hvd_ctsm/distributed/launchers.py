@@ -13,8 +13,10 @@ kernel's OOM killer, say), or workers on other hosts, whose folders are theirs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +32,14 @@ class WorkersFailed(Exception):
     """The launcher ended because a worker exited non-zero."""
 
 
+class Stopped(Exception):
+    """The launcher was stopped by a signal (Ctrl-C's SIGINT, a scheduler's SIGTERM)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def launch(launcher: str, argv: list[str]) -> int:
     """Run `launcher` (torchrun or horovodrun) with `argv`; 0, or the code its workers mean."""
     codes = Path(tempfile.mkdtemp(prefix="hvd_ctsm-exit-codes-"))
@@ -37,6 +47,9 @@ def launch(launcher: str, argv: list[str]) -> int:
     try:
         run_launcher(launcher, argv)
         return 0
+    except Stopped as stop:  # the workers got the signal too, and said so
+        print(f"{launcher}: stopped by {stop}", file=sys.stderr)
+        return 128 + stop.signum  # the shell's code for it: 130 for Ctrl-C
     except WorkersFailed:
         recorded = [f.read_text().strip() for f in codes.iterdir()]
         code = run_exit_code([int(text) for text in recorded if text.isdigit()])
@@ -59,6 +72,7 @@ def run_exit_code(recorded: list[int]) -> int:
 def run_launcher(launcher: str, argv: list[str]) -> None:
     """The launcher's own command line, in this process; WorkersFailed when a worker failed."""
     if launcher == "torchrun":
+        from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import main
 
@@ -66,18 +80,47 @@ def run_launcher(launcher: str, argv: list[str]) -> None:
             main(argv)
         except ChildFailedError:
             raise WorkersFailed from None
+        except SignalException as exc:
+            raise Stopped(exc.sigval) from None
     elif launcher == "horovodrun":
         from horovod.runner.launch import run_commandline
 
         sys.argv = ["horovodrun", *argv]  # horovodrun reads its own sys.argv
+        received: list[int] = []
         try:
-            run_commandline()
+            with signals_recorded(received):
+                run_commandline()
+        except KeyboardInterrupt:
+            raise Stopped(signal.SIGINT) from None
         except RuntimeError as exc:
             if HOROVOD_WORKER_FAILED not in str(exc):
                 raise
-            raise WorkersFailed from None
+            # On Ctrl-C horovodrun SIGTERMs its workers, then reports them as failed.
+            raise (Stopped(received[0]) if received else WorkersFailed()) from None
     else:
         raise SystemExit(f"error: launcher {launcher!r}: use torchrun or horovodrun")
+
+
+@contextlib.contextmanager
+def signals_recorded(received: list[int]):
+    """While inside, every handler installed for SIGINT or SIGTERM (horovodrun installs its own,
+    which stop the workers) first appends the signal to `received`."""
+    install = signal.signal
+
+    def recording(signum, handler):
+        if signum in (signal.SIGINT, signal.SIGTERM) and callable(handler):
+            inner = handler
+
+            def handler(num, frame):
+                received.append(num)
+                return inner(num, frame)
+        return install(signum, handler)
+
+    signal.signal = recording
+    try:
+        yield
+    finally:
+        signal.signal = install
 
 
 if __name__ == "__main__":

@@ -98,6 +98,11 @@ def run(cfg: TrainConfig, options: LaunchOptions | None = None) -> int:
         else:
             train.train(cfg, resume=resume, init_from=options.init_from)
         dist.shutdown()
+    except KeyboardInterrupt:  # Ctrl-C: one line, with the way on (hvd_ctsm.errors.run_cli)
+        if options.elastic:
+            raise
+        raise KeyboardInterrupt("interrupted; the same command with --resume goes on from the "
+                                f"last checkpoint in {cfg.out}") from None
     finally:
         if watcher:
             watcher.close()

@@ -6,8 +6,10 @@ every program does, or are killed as the kernel's OOM killer would."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -24,6 +26,8 @@ def main(argv):
         raise ValueError("this rank's input is bad")
     if action == "bug":
         raise RuntimeError("a bug")
+    if action == "wait":
+        time.sleep(120)
     if action == "killed":
         time.sleep(2)  # after the other rank's exit: its code is written first
         os.kill(os.getpid(), signal.SIGKILL)
@@ -61,3 +65,21 @@ def test_a_failed_run_ends_in_one_line_with_the_code_its_workers_mean(launcher, 
             assert last == f"{launcher}: a worker stopped: {meaning} (exit {code}); its " \
                            "message is above", (actions, proc.stderr[-3000:])
         assert not list(tmp_path.glob("hvd_ctsm-exit-codes-*"))
+
+
+@pytest.mark.parametrize("launcher", ["torchrun",
+                                      pytest.param("horovodrun", marks=pytest.mark.horovod)])
+def test_ctrl_c_ends_the_run_in_one_line_and_130(launcher, tmp_path):
+    """SIGINT to the launcher (as Ctrl-C sends it): before, about 120 lines with three
+    tracebacks (the launcher's and each rank's) and exit 1 (torchrun) or 3 (horovodrun)."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    proc = subprocess.Popen(launcher_command(launcher, str(worker), ["wait", "wait"]),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    time.sleep(8)  # the workers have started
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == f"{launcher}: stopped by SIGINT", err[-3000:]

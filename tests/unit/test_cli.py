@@ -218,3 +218,16 @@ def test_resume_starts_from_the_runs_own_settings(tmp_path, capsys):
     new = printed()
     default, _ = config_from_argv(["--data", "d"])
     assert (new["epochs"], new["early_stop_evals"]) == (default.epochs, default.early_stop_evals)
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys):
+    """KeyboardInterrupt, with a step's own message (the trainer's says how to go on) or
+    none: one line, exit 130 (before: the traceback, exit 1)."""
+    from hvd_ctsm.errors import EXIT_INTERRUPTED, run_cli
+
+    for error, says in [(KeyboardInterrupt(), "interrupted"),
+                        (KeyboardInterrupt("go on with X"), "go on with X")]:
+        def main(argv, error=error):
+            raise error
+        assert run_cli(main, "p", []) == EXIT_INTERRUPTED == 130
+        assert capsys.readouterr().err == f"p: {says}\n"
