@@ -22,11 +22,15 @@ from pathlib import Path
 
 from hvd_ctsm import tracking
 from hvd_ctsm.errors import arg_parser, one_line
+from hvd_ctsm.evaluation.metrics import RankingSums
 from hvd_ctsm.files.atomic import atomic_write_bytes
 from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import model_file
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+# What a rule may name, by protocol: a report's metrics (hvd_ctsm.evaluation.backtest).
+RANKING = [f"{metric}@{k}" for metric in ("ndcg", "hr") for k in RankingSums.ks] + ["mrr"]
+METRICS = {"full": RANKING, "sampled": RANKING, "sale": ["auc", "log_loss"]}
 GATE = re.compile(r"^\s*([a-z_]+\.)?([a-z_]+(?:@\d+)?)\s*(>=|<=|>|<)\s*([0-9.eE+-]+)\s*$")
 
 
@@ -37,8 +41,11 @@ def parse_gate(text: str) -> list[tuple[str, str, str, float]]:
         if not match:
             raise ValueError(f"gate {part!r}: expected e.g. 'ndcg@10>=0.05' or 'sampled.hr@10>0.5'")
         protocol = (match.group(1) or "full.").rstrip(".")
-        if protocol not in ("full", "sampled", "sale"):
+        if protocol not in METRICS:
             raise ValueError(f"gate {part!r}: protocol must be full, sampled or sale")
+        if match.group(2) not in METRICS[protocol]:
+            raise ValueError(f"gate {part!r}: no metric {match.group(2)!r} in the {protocol} "
+                             f"protocol; one of {', '.join(METRICS[protocol])}")
         rules.append((protocol, match.group(2), match.group(3), float(match.group(4))))
     return rules
 
@@ -107,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     p = arg_parser("hvd-ctsm gate", __doc__.splitlines()[0])
     p.add_argument("--report", type=location, required=True, help="a report written by "
                                                        "hvd-ctsm backtest")
-    p.add_argument("--gate", required=True, help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'")
+    p.add_argument("--gate", default="", help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4': "
+                                              "[full.|sampled.]ndcg@5|10|20, hr@5|10|20, mrr, "
+                                              "or sale.auc; may be left out with --champion")
     p.add_argument("--champion", help="the deployed model: REGISTRY (its current version's "
                                       "report), a report file, or models:/NAME@champion (MLflow "
                                       "registry): do not be worse than it")
@@ -118,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         report = json.loads(Path(args.report).read_text())
         champion = load_champion(args.champion, Path(report.get("model_path", ".")).parent)
         if not rules and champion is None:
-            raise ValueError("the gate names no rule (e.g. 'ndcg@10>=0.05')")
+            raise ValueError("the gate names no rule: pass --gate (e.g. 'ndcg@10>=0.05') or "
+                             "--champion")
         apply_gate(report["model"], rules, champion, args.tolerance)  # bad report: exit 2
     except (ValueError, KeyError, OSError) as exc:
         print(f"hvd-ctsm gate: error: {one_line(exc)}", file=sys.stderr)

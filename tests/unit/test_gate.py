@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from hvd_ctsm.evaluation import gate
 
 METRICS = {"full": {"ndcg@10": 0.12, "hr@10": 0.2}, "sampled": {"hr@10": 0.6}}
@@ -28,6 +30,7 @@ def test_gate_step_against_a_champion(tmp_path):
     args = ["--report", str(report), "--gate", "", "--champion", str(champion)]
     assert gate.main([*args, "--tolerance", "0.01"]) == 0
     assert gate.main([*args, "--tolerance", "0.001"]) == 1
+    assert gate.main(args[:2] + args[4:] + ["--tolerance", "0.01"]) == 0  # no --gate: the champion
 
 
 def test_the_champion_is_read_from_a_registry_or_a_version_folder(tmp_path, capsys):
@@ -56,6 +59,9 @@ def test_malformed_gate_or_report_exits_2_and_keeps_the_report(tmp_path):
     report = write_report(tmp_path / "r.json")
     before = report.read_text()
     assert gate.main(["--report", str(report), "--gate", "ndcg@10=>0.1"]) == 2
+    with pytest.raises(ValueError, match="no metric 'ndgc@10' in the full protocol; one of "
+                                         "ndcg@5, ndcg@10"):
+        gate.parse_gate("ndgc@10>=0.05")  # a typo: refused before a backtest runs, not after
     assert gate.main(["--report", str(report), "--gate", ""]) == 2
     assert gate.main(["--report", str(tmp_path / "missing.json"), "--gate", "mrr>0"]) == 2
     assert report.read_text() == before
