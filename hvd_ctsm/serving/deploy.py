@@ -40,9 +40,12 @@ class DeployRefused(RuntimeError):
 def check_report(report: dict, model: Path) -> None:
     gate = report.get("gate", {})
     if gate.get("passed") is not True:
-        reason = "no gate was applied" if gate.get("passed") is None else "the gate failed"
-        raise DeployRefused(f"refusing to deploy: {reason} "
-                            f"({[c['rule'] for c in gate.get('checks', []) if not c['passed']]})")
+        failed = ", ".join(c["rule"] for c in gate.get("checks", []) if not c["passed"])
+        reason = "no gate was applied" if gate.get("passed") is None else f"its gate failed " \
+            f"({failed})"
+        raise DeployRefused(f"refusing to deploy: {reason} in the report; the report keeps the "
+                            "last gate applied to it: apply the one you mean with `hvd-ctsm "
+                            "gate --report REPORT --gate RULES` (or the backtest's --gate)")
     digest = hashlib.sha256(model.read_bytes()).hexdigest()
     if report.get("model_sha256") != digest:
         raise DeployRefused("refusing to deploy: the report was made for another model file")
