@@ -128,9 +128,9 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     if dist.is_root() and cfg.early_stop_evals:
         patience = patience_evals(cfg, trainer.rows_per_epoch)
         epochs = patience * cfg.eval_every_epochs
-        log.info("early stopping after %d validations without a better NDCG@10 (%d epochs, "
-                 "about %s training rows)", patience, epochs,
-                 f"{epochs * trainer.rows_per_epoch:,.0f}")
+        log.info("training ends at epoch %d (epochs), or earlier after %d validations in a row "
+                 "without a better NDCG@10 (%d epochs, about %s training rows)", cfg.epochs,
+                 patience, epochs, f"{epochs * trainer.rows_per_epoch:,.0f}")
     return trainer
 
 
