@@ -112,9 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", help="another run (e.g. trained with --config sasrec) to "
                                       "report beside the model on the same targets")
     args = p.parse_args(argv)
-    rules = gate.parse_gate(args.gate)  # a malformed gate fails before the slow part
-    report = run_backtest(args.data, args.model, args.split, args.seed, args.baseline)
+    rules = gate.parse_gate(args.gate)  # a malformed gate, champion or --report fails first
     champion = gate.load_champion(args.champion, args.model)
+    gate.check_report_path(args.report)
+    report = run_backtest(args.data, args.model, args.split, args.seed, args.baseline)
     print_table(report)
     passed = gate.decide(report, rules, champion, args.tolerance, args.report, "backtest")
     print(f"report: {args.report}")

@@ -24,7 +24,7 @@ from hvd_ctsm import tracking
 from hvd_ctsm.errors import arg_parser, one_line
 from hvd_ctsm.evaluation.metrics import RankingSums
 from hvd_ctsm.files.atomic import atomic_write_bytes
-from hvd_ctsm.files.storage import location
+from hvd_ctsm.files.storage import is_remote, location
 from hvd_ctsm.model.checkpoint import model_file
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
@@ -91,6 +91,20 @@ def load_champion(ref: str | None, model_path: str | Path) -> dict | None:
                          "found): name a registry deploy wrote to, or leave --champion out "
                          "until the first deploy")
     return json.loads(report.read_text())
+
+
+def check_report_path(path: str | Path) -> None:
+    """A report is written over an earlier report only: any other file there is refused
+    (ValueError), before the backtest's work (it used to be replaced without a word)."""
+    if is_remote(path) or not Path(path).exists():
+        return
+    try:
+        earlier = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        earlier = None
+    if not (isinstance(earlier, dict) and {"model", "gate"} <= earlier.keys()):
+        raise ValueError(f"refusing to replace {path}: it is not a backtest report; pick "
+                         "another --report")
 
 
 def decide(report: dict, rules, champion: dict | None, tolerance: float,

@@ -65,3 +65,19 @@ def test_malformed_gate_or_report_exits_2_and_keeps_the_report(tmp_path):
     assert gate.main(["--report", str(report), "--gate", ""]) == 2
     assert gate.main(["--report", str(tmp_path / "missing.json"), "--gate", "mrr>0"]) == 2
     assert report.read_text() == before
+
+
+def test_a_report_replaces_only_a_report(tmp_path):
+    """backtest --report over a user's file was a silent replace; now refused before any work
+    (the data and model here do not exist: the report's check comes first)."""
+    from hvd_ctsm.evaluation import backtest
+
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"my": "notes"}')
+    args = ["--data", str(tmp_path / "no-data"), "--model", str(tmp_path / "no-model")]
+    for path in (notes, tmp_path):
+        with pytest.raises(ValueError, match="it is not a backtest report; pick another"):
+            backtest.main([*args, "--report", str(path)])
+    assert notes.read_text() == '{"my": "notes"}'
+    gate.check_report_path(tmp_path / "new.json")  # absent: fine
+    gate.check_report_path(write_report(tmp_path / "earlier.json"))  # an earlier report: fine
