@@ -360,7 +360,8 @@ def config_yaml(cfg: TrainConfig) -> str:
 
 def train_arg_parser(prog: str = "hvd-ctsm train") -> argparse.ArgumentParser:
     """The trainer's options, shared by every route (horovodrun, elastic, Spark, the CLI)."""
-    p = arg_parser(prog, "Train a CTSM on one rank or many.")
+    p = arg_parser(prog, "Train a CTSM on one rank or many (torchrun or horovodrun in front; "
+                         "./run.sh train with NP=N). Every setting, its default: --print-config.")
     p.add_argument("overrides", nargs="*", help="section.field=value, e.g. optim.lr=0.002")
     p.add_argument("--config", help=f"YAML file or preset name ({', '.join(preset_names())})")
     p.add_argument("--data", type=location, help="feature job output folder (data.path)")
