@@ -63,7 +63,11 @@ def resolve_model(path: str | Path) -> Path:
     which must exist."""
     found = model_file(path)
     if not found.exists():
-        raise ScoringError(f"no model at {path}: pass a registry, a run folder or a model.pt")
+        registry_like = Path(path).is_dir() and not (Path(path) / "config.yaml").exists()
+        hint = " (a folder without `current`: a registry before its first deploy? run hvd-ctsm " \
+            "deploy)" if registry_like else ""
+        raise ScoringError(f"no model at {path}{hint}: pass a registry, a run folder or a "
+                           "model.pt")
     return found
 
 

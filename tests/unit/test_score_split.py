@@ -36,3 +36,15 @@ def test_older_features_fall_back_to_test_with_a_warning(tmp_path, caplog):
         scoring_split(data, "serving")
     with pytest.raises(ScoringError, match="cannot score from 'train'"):
         scoring_split(data, "train")  # training windows are not one row per client
+
+
+def test_a_registry_before_its_first_deploy_says_so(tmp_path):
+    """An empty registry folder: the message says to deploy first; a missing path, a plain
+    'no model'."""
+    from hvd_ctsm.serving.score import resolve_model
+
+    (tmp_path / "registry").mkdir()
+    with pytest.raises(ScoringError, match="a registry before its first deploy"):
+        resolve_model(tmp_path / "registry")
+    with pytest.raises(ScoringError, match="no model at .*missing: pass a registry"):
+        resolve_model(tmp_path / "missing")
