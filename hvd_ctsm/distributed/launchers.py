@@ -44,6 +44,9 @@ def launch(launcher: str, argv: list[str]) -> int:
     """Run `launcher` (torchrun or horovodrun) with `argv`; 0, or the code its workers mean."""
     codes = Path(tempfile.mkdtemp(prefix="hvd_ctsm-exit-codes-"))
     os.environ[EXIT_CODE_DIR] = str(codes)
+    if launcher == "torchrun" and not any(a.startswith(("--log-dir", "--log_dir")) for a in argv):
+        # its per-run folder of worker logs, which it leaves in the temp folder: ours goes
+        argv = ["--log-dir", str(codes / "torchrun-logs"), *argv]
     try:
         run_launcher(launcher, argv)
         return 0
