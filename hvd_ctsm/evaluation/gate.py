@@ -126,8 +126,9 @@ def decide(report: dict, rules, champion: dict | None, tolerance: float,
 
 def main(argv: list[str] | None = None) -> int:
     p = arg_parser("hvd-ctsm gate", __doc__.splitlines()[0])
-    p.add_argument("--report", type=location, required=True, help="a report written by "
-                                                       "hvd-ctsm backtest")
+    p.add_argument("--report", type=location, required=True,
+                   help="a report written by hvd-ctsm backtest; the decision is written into it, "
+                        "replacing the one before, and deploy obeys it")
     p.add_argument("--gate", default="", help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4': "
                                               "[full.|sampled.]ndcg@5|10|20, hr@5|10|20, mrr, "
                                               "or sale.auc; may be left out with --champion")

@@ -153,8 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     p = arg_parser("hvd-ctsm deploy", __doc__.splitlines()[0])
     p.add_argument("--model", type=location, required=True, help="run folder or model.pt")
     p.add_argument("--report", type=location, required=True,
-                   help="the backtest report with a passed gate")
-    p.add_argument("--registry", type=location, required=True, help="model registry folder")
+                   help="the backtest report, whose last gate (the backtest's or hvd-ctsm "
+                        "gate's) passed")
+    p.add_argument("--registry", type=location, required=True,
+                   help="model registry folder (a new vNNNN in it, `current` moved to it); a "
+                        "tracked run's model is also registered in MLflow as "
+                        "tracking.registered_model, alias champion")
     args = p.parse_args(argv)
     try:
         path = deploy(args.model, args.report, args.registry)
