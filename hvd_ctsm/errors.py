@@ -105,6 +105,9 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
         raise
     except KeyboardInterrupt as stop:  # Ctrl-C: its own message where a step gave one
         print(f"{prog}: {str(stop) or 'interrupted'}", file=sys.stderr)
+        # As the interpreter does for an uncaught exception: exit hooks read it (an open
+        # MLflow run ends KILLED, not FAILED: hvd_ctsm.tracking.runs.end_open_runs).
+        sys.last_type, sys.last_value = type(stop), stop
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001  one line; --debug shows the traceback
         detail = spark_jvm_stopped(exc) or f"{type(exc).__name__}: {one_line(exc)}"

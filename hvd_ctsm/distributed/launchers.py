@@ -54,7 +54,7 @@ def launch(launcher: str, argv: list[str]) -> int:
         print(f"{launcher}: stopped by {stop}", file=sys.stderr)
         return 128 + stop.signum  # the shell's code for it: 130 for Ctrl-C
     except WorkersFailed:
-        recorded = [f.read_text().strip() for f in codes.iterdir()]
+        recorded = [f.read_text().strip() for f in codes.iterdir() if f.is_file()]
         code = run_exit_code([int(text) for text in recorded if text.isdigit()])
         print(f"{launcher}: a worker stopped: {MEANING[code]} (exit {code}); its message is "
               "above", file=sys.stderr)

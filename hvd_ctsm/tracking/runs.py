@@ -158,8 +158,9 @@ OPEN_RUNS: dict[str, TrackedRun] = {}  # runs this process opened and has not en
 @atexit.register
 def end_open_runs() -> None:
     """At exit, runs nobody closed: the training stopped early. FAILED, or KILLED when the
-    process ends on an uncaught KeyboardInterrupt (sys.last_type; the trainer's command turns
-    other exceptions into exit code 3, so they leave no last_type)."""
+    process ends on a KeyboardInterrupt (sys.last_type, which hvd_ctsm.errors.run_cli sets
+    when it turns Ctrl-C into exit 130; it turns other exceptions into exit code 3 and leaves
+    no last_type)."""
     status = end_status(getattr(sys, "last_type", None) or Exception)
     for run in [run for run in OPEN_RUNS.values() if run.opened_by == os.getpid()]:
         try:
