@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = resumed_settings(cfg) if args.resume and not args.config else None
         if saved:  # --resume continues the run as it was set up, this command's overrides on top
             cfg, args = config_from_argv([*argv, "--config", str(saved)])
-            if dist.launch_rank() == 0:
+            if dist.launch_rank() == 0 and not args.check:  # once: run.sh checks first
                 print(f"--resume: the settings of {saved}, with this command's overrides",
                       file=sys.stderr)
     except ConfigError as exc:  # stops here, before any worker starts
