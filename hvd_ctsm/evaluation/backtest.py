@@ -103,10 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=location, required=True, help="run folder or model.pt")
     p.add_argument("--report", type=location, required=True, help="where the JSON report goes")
     p.add_argument("--split", default="test", choices=["test", "validation"])
-    p.add_argument("--gate", default="", help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'")
-    p.add_argument("--champion", help="the deployed model: REGISTRY (its current version's "
-                                      "report), a report file, or models:/NAME@champion "
-                                      "(MLflow registry): do not be worse than it")
+    p.add_argument("--gate", default="", help=gate.GATE_HELP)
+    p.add_argument("--champion", help=gate.CHAMPION_HELP)
     p.add_argument("--tolerance", type=float, default=0.005, help="allowed NDCG@10 drop")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled negatives")
     p.add_argument("--baseline", help="another run (e.g. trained with --config sasrec) to "

@@ -31,6 +31,10 @@ OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 # What a rule may name, by protocol: a report's metrics (hvd_ctsm.evaluation.backtest).
 RANKING = [f"{metric}@{k}" for metric in ("ndcg", "hr") for k in RankingSums.ks] + ["mrr"]
 METRICS = {"full": RANKING, "sampled": RANKING, "sale": ["auc", "log_loss"]}
+CHAMPION_HELP = ("the deployed model: REGISTRY (its current version's report), a report file, "
+                 "or models:/NAME@champion (MLflow registry): do not be worse than it")
+GATE_HELP = ("rules, e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'; the metrics: [full.|sampled.]"
+             f"{', '.join(RANKING)}; sale.auc, sale.log_loss")
 GATE = re.compile(r"^\s*([a-z_]+\.)?([a-z_]+(?:@\d+)?)\s*(>=|<=|>|<)\s*([0-9.eE+-]+)\s*$")
 
 
@@ -129,12 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", type=location, required=True,
                    help="a report written by hvd-ctsm backtest; the decision is written into it, "
                         "replacing the one before, and deploy obeys it")
-    p.add_argument("--gate", default="", help="e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4': "
-                                              "[full.|sampled.]ndcg@5|10|20, hr@5|10|20, mrr, "
-                                              "or sale.auc; may be left out with --champion")
-    p.add_argument("--champion", help="the deployed model: REGISTRY (its current version's "
-                                      "report), a report file, or models:/NAME@champion (MLflow "
-                                      "registry): do not be worse than it")
+    p.add_argument("--gate", default="", help=f"{GATE_HELP} (may be left out with --champion)")
+    p.add_argument("--champion", help=CHAMPION_HELP)
     p.add_argument("--tolerance", type=float, default=0.005, help="allowed NDCG@10 drop")
     args = p.parse_args(argv)
     try:
