@@ -158,17 +158,19 @@ def test_a_spark_jvm_out_of_memory_is_one_line_naming_the_heap_setting(capsys, e
     assert "--conf spark.driver.memory=16g" in err and "JavaSparkContext" not in err
 
 
+def fails_with(error: BaseException):
+    """A program's main that raises `error`."""
+    def main(argv):
+        raise error
+    return main
+
+
 def test_a_failed_program_leaves_its_exit_code_for_run_sh(tmp_path, monkeypatch, capsys):
     """Under run.sh's launchers each worker's code is read from HVD_CTSM_EXIT_CODE_DIR (torchrun
     and horovodrun exit 1 whatever it was): bad input 2, a crash 3, argparse's exit 2, bad input
     let through by --debug; a program that succeeds, or runs without the variable, writes
     nothing."""
     from hvd_ctsm.errors import EXIT_CODE_DIR, run_cli
-
-    def fails_with(error):
-        def main(argv):
-            raise error
-        return main
 
     monkeypatch.delenv(EXIT_CODE_DIR, raising=False)
     assert run_cli(fails_with(ValueError("bad")), "p", []) == 2
@@ -227,7 +229,5 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys):
 
     for error, says in [(KeyboardInterrupt(), "interrupted"),
                         (KeyboardInterrupt("go on with X"), "go on with X")]:
-        def main(argv, error=error):
-            raise error
-        assert run_cli(main, "p", []) == EXIT_INTERRUPTED == 130
+        assert run_cli(fails_with(error), "p", []) == EXIT_INTERRUPTED == 130
         assert capsys.readouterr().err == f"p: {says}\n"
