@@ -6,7 +6,10 @@ DDP averages the gradients while backward runs, bucket by bucket (dist.fusion_th
 bucket size, as it is Horovod's fusion buffer): when the last micro-batch's backward returns they
 are in place, so the time ranks spend waiting for each other shows in the "backward" phase of the
 step timer, not in "allreduce". The micro-batches before the last (dist.backward_passes_per_step)
-run under DDP's no_sync. dist.compression=fp16 is DDP's fp16 compression comm hook.
+run under DDP's no_sync. dist.compression=fp16 is DDP's fp16 compression comm hook. Sparse item
+gradients (dist.sparse_gradients) go through Gloo's sparse allreduce on a CPU; NCCL has none
+("NCCL does not support all_reduce with sparse tensors", the first step of a run on a GPU), so
+there a comm hook gathers each rank's rows instead (sparse_allgather_hook).
 
 Started by torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT); without it, one
 process with no process group.
@@ -62,6 +65,35 @@ def optimizer_layout(optimizer, params: list) -> dict:
                        for p in params]}
 
 
+def sparse_allgather_hook(group, bucket):  # DDP refuses a string annotation
+    """A DDP comm hook: a dense bucket goes through DDP's own allreduce; a sparse one (DDP gives
+    each sparse gradient a bucket of its own) is averaged by gathering every rank's rows and
+    values, padded to the most any rank holds, where NCCL has no sparse allreduce. The result
+    names each row once (coalesced), as Gloo's sparse allreduce does."""
+    grad = bucket.buffer()
+    if not grad.is_sparse:
+        return default_hooks.allreduce_hook(group, bucket)
+    group = group or td.group.WORLD
+    world = td.get_world_size(group)
+    grad = grad.coalesce()
+    index, values = grad.indices()[0], grad.values()
+    counts = [torch.zeros(1, dtype=torch.long, device=values.device) for _ in range(world)]
+    td.all_gather(counts, torch.tensor([len(index)], device=values.device), group=group)
+    counts = [int(c) for c in counts]
+    padding = max(counts) - len(index)
+    index = torch.nn.functional.pad(index, (0, padding))
+    values = torch.nn.functional.pad(values, (0, 0, 0, padding))
+    indices, rows = [torch.empty_like(index) for _ in counts], [torch.empty_like(values)
+                                                              for _ in counts]
+    td.all_gather(indices, index, group=group)
+    td.all_gather(rows, values, group=group)
+    index = torch.cat([i[:n] for i, n in zip(indices, counts, strict=True)])
+    values = torch.cat([v[:n] for v, n in zip(rows, counts, strict=True)]).div_(world)
+    future = torch.futures.Future()
+    future.set_result(torch.sparse_coo_tensor(index[None], values, grad.shape).coalesce())
+    return future
+
+
 class TorchBackend(Backend):
     """torch.distributed: the model is wrapped in DDP; the optimizer is the plain one."""
 
@@ -107,6 +139,9 @@ class TorchBackend(Backend):
                                       bucket_cap_mb=self.bucket_mb, **NO_BUFFER_SYNC)
         if cfg.compression == "fp16":
             net.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif td.get_backend() == "nccl" and any(isinstance(m, torch.nn.Embedding) and m.sparse
+                                                for m in model.modules()):
+            net.register_comm_hook(None, sparse_allgather_hook)
         return net, optimizer
 
     def accumulating(self, net, last: bool):

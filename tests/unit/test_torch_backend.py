@@ -126,3 +126,25 @@ def test_broadcast_state_gives_every_rank_rank_0s_optimizer_state_whatever_their
     assert read["before-1"] != read["before-0"]  # the case is not trivial
     assert read["after-0"] == read["before-0"]
     assert read["after-1"] == read["before-0"]
+
+
+def test_the_sparse_comm_hook_averages_as_ddps_own_sparse_allreduce_does(tmp_path):
+    """NCCL has no sparse allreduce, so on a GPU sparse_allgather_hook gathers each rank's rows:
+    here, under torchrun over Gloo (no GPU here to run NCCL), its averaged gradients equal
+    those of Gloo's own sparse allreduce, step by step, with uneven row counts and rows that
+    both ranks touch; both ranks hold the same, and the embedding's gradient stays sparse."""
+    import json
+
+    import torch
+
+    worker = str(Path(__file__).parents[1] / "helpers" / "sparse_hook_worker.py")
+    proc = fl.run(torchrun("--no-python", sys.executable, worker, str(tmp_path)), timeout=180)
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)
+             if (tmp_path / f"rank-{r}.json").exists()]
+    assert len(ranks) == 2, proc.stderr[-2000:]
+    assert ranks[0] == ranks[1]
+    for own, hooked in ranks[0]:
+        assert own["item_sparse"] and hooked["item_sparse"]
+        assert any(any(row) for row in own["item"])
+        for name in ("item", "out"):
+            torch.testing.assert_close(torch.tensor(hooked[name]), torch.tensor(own[name]))
