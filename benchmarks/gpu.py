@@ -15,9 +15,13 @@ OUT/gpu.json as it goes, so a part that fails or runs out of time leaves the oth
   synchronised), targets a second, peak GPU memory; loss auto (exact up to 25,000 items, shared
   above) and exact; AMP off, bf16 and fp16; item tables with dense AdamW, and where the loss is
   shared also as the trainer runs them by default (sparse gradients, rows caught up).
+- parity: the catalog-scale code gives its unit tests' answers on the device
+  (benchmarks/gpu_parity.py: exact_exp, the lazy rows' catch-up, the blocked exact loss, the
+  chunked top-k).
 - ml100k: `torchrun --nproc-per-node 1 -m hvd_ctsm.train` with the default config and the
   backtest of the model it keeps, with amp=bf16 and amp=off alternating seed by seed (`--seeds`):
-  test NDCG@10 (full and sampled), epochs, seconds.
+  test NDCG@10 (full and sampled), epochs, seconds; and (`--shared-run`) one run with
+  model.loss=shared, the route of a large catalog (sparse item gradients, lazy rows) end to end.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import gpu_parity  # noqa: E402
 from benchmarks.common import REPO, machine  # noqa: E402
 
 ITEMS = (1_000, 10_000, 100_000, 1_000_000)
@@ -60,8 +65,8 @@ class Results:
     """OUT/gpu.json, rewritten after every cell."""
 
     def __init__(self, path: Path):
-        self.path, self.payload = path, {"machine": machine(), "gpu": gpu_info(), "steps": [],
-                                         "ml100k": []}
+        self.path, self.payload = path, {"machine": machine(), "gpu": gpu_info(), "parity": [],
+                                         "steps": [], "ml100k": []}
         self.save()
 
     def add(self, part: str, row: dict) -> None:
@@ -198,20 +203,21 @@ def steps_part(data: Path, results: Results, budget: float, steps: int, warmup: 
 
 
 def ml100k_run(data: Path, out: Path, work: Path, amp: str, seed: int, timeout: float,
-               extra: list[str]) -> dict:
-    """The default config on one GPU under torchrun, then the backtest of the kept model: the
-    run folder and report in `work`, the log in `out`."""
-    run = work / f"ml100k-{amp}-seed{seed}"
-    log = out / f"ml100k-{amp}-seed{seed}.log"
+               extra: list[str], loss: str = "auto") -> dict:
+    """The default config (but `loss`) on one GPU under torchrun, then the backtest of the kept
+    model: the run folder and report in `work`, the log in `out`."""
+    name = f"ml100k-{amp}-seed{seed}" + ("" if loss == "auto" else f"-{loss}")
+    run, log = work / name, out / f"{name}.log"
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = os.environ | {"PYTHONPATH": path, "PYTHONWARNINGS": "ignore"}
     train = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
              "1", "-m", "hvd_ctsm.train", "--data", str(data), "--out", str(run), "--overwrite",
-             f"amp={amp}", f"seed={seed}", "dist.backend=torch", "tracking.enabled=false", *extra]
-    report = work / f"ml100k-{amp}-seed{seed}-report.json"
+             f"amp={amp}", f"seed={seed}", f"model.loss={loss}", "dist.backend=torch",
+             "tracking.enabled=false", *extra]
+    report = work / f"{name}-report.json"
     backtest = [sys.executable, "-m", "hvd_ctsm", "backtest", "--data", str(data), "--model",
                 str(run), "--report", str(report)]
-    row = {"amp": amp, "seed": seed}
+    row = {"amp": amp, "seed": seed, "loss": loss}
     t0 = time.monotonic()
     with open(log, "w") as sink:
         for name, cmd in (("train", train), ("backtest", backtest)):
@@ -231,7 +237,8 @@ def ml100k_run(data: Path, out: Path, work: Path, amp: str, seed: int, timeout: 
                     for protocol in ("full", "sampled") for k in ("ndcg@10", "hr@10")}
     lines = [line.split("hvd_ctsm.train: ", 1)[-1] for line in log.read_text().splitlines()
              if "hvd_ctsm.train: " in line]
-    row["log"] = [line for line in lines if line.startswith(("backend=", "early stop", "done"))]
+    row["log"] = [line for line in lines if line.startswith(("backend=", "early stop", "done",
+                                                             "next-item loss"))]
     row["log"] += [line for line in lines if " val full " in line][-1:]
     return row
 
@@ -246,9 +253,11 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps-budget", type=float, default=120.0, help="seconds for the step part")
     p.add_argument("--ml100k-budget", type=float, default=150.0, help="seconds for each run")
-    p.add_argument("--parts", default="steps,ml100k")
+    p.add_argument("--parts", default="parity,steps,ml100k")
     p.add_argument("--amps", default="bf16,off", help="AMP modes of the ML-100K runs")
     p.add_argument("--seeds", default="0", help="seeds of the ML-100K runs, e.g. 0,1,2")
+    p.add_argument("--shared-run", action=argparse.BooleanOptionalAction, default=True,
+                   help="also an ML-100K run with model.loss=shared (bf16, the first seed)")
     p.add_argument("--cpu-dry-run", action="store_true",
                    help="check the script itself on a machine without a GPU: small catalogs, "
                         "2 steps, one epoch (its numbers mean nothing)")
@@ -271,13 +280,19 @@ def main(argv=None) -> int:
     results = Results(args.out / "gpu.json")
     print(json.dumps(results.payload["gpu"]), flush=True)
     parts = args.parts.split(",")
+    if "parity" in parts:
+        gpu_parity.run(device, lambda row: results.add("parity", row))
     if "steps" in parts:
         steps_part(args.data, results, args.steps_budget, args.steps, args.warmup, device, items)
     if "ml100k" in parts:
         for seed in map(int, args.seeds.split(",")):  # alternating modes, seed by seed
-            for amp in args.amps.split(","):
+            for amp in filter(None, args.amps.split(",")):  # "": none, the shared run alone
                 results.add("ml100k", ml100k_run(args.data, args.out, work, amp, seed,
                                                  args.ml100k_budget, extra))
+        if args.shared_run:
+            seed = int(args.seeds.split(",")[0])
+            results.add("ml100k", ml100k_run(args.data, args.out, work, "bf16", seed,
+                                             args.ml100k_budget, extra, loss="shared"))
     return 0
 
 
@@ -306,18 +321,29 @@ def render(p: dict) -> list[str]:
             top = f"{r['recommend_s']:.3f}" if "recommend_s" in r else "-"
             out.append(f"| {r['items']:,} | {r['loss']} | {r['amp']} | {rows} | "
                        f"{r['s_per_step']:.4f} | {r['targets_per_s']:,} | {peak} | {top} |")
+    if p.get("parity"):  # since 2026-11-30
+        out += ["", "**Parity**: the catalog-scale code's unit-test properties on the device "
+                "(`benchmarks/gpu_parity.py`):", "", "| check | device | result | detail |",
+                "| --- | --- | --- | --- |"]
+        for r in p["parity"]:
+            detail = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                               for k, v in r.items() if k not in ("check", "device", "ok"))
+            out.append(f"| {r['check']} | {r['device']} | {'pass' if r['ok'] else 'FAIL'} | "
+                       f"{detail} |")
     out += ["", "**ML-100K, the default config on one GPU** (`torchrun --nproc-per-node 1`, "
             "strict ties, effective batch 64, test split; seconds include torchrun's start):", "",
-            "| AMP | seed | full NDCG@10 | full HR@10 | sampled NDCG@10 | epochs | train s |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in sorted(p["ml100k"], key=lambda r: (r["amp"], r["seed"])):
+            "| AMP | loss | seed | full NDCG@10 | full HR@10 | sampled NDCG@10 | epochs "
+            "| train s |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in sorted(p["ml100k"], key=lambda r: (r["amp"], r.get("loss", "auto"), r["seed"])):
+        loss = r.get("loss", "auto")  # before 2026-11-30: auto
         if "error" in r:
-            out.append(f"| {r['amp']} | {r['seed']} | {r['error']} | | | | |")
+            out.append(f"| {r['amp']} | {loss} | {r['seed']} | {r['error']} | | | | |")
             continue
         m = r["model"]
         epochs = next((line.split()[4].rstrip(":") for line in r["log"]
                        if line.startswith("early stop")), "100")
-        out.append(f"| {r['amp']} | {r['seed']} | {m['full.ndcg@10']:.4f} | "
+        out.append(f"| {r['amp']} | {loss} | {r['seed']} | {m['full.ndcg@10']:.4f} | "
                    f"{m['full.hr@10']:.4f} | {m['sampled.ndcg@10']:.4f} | {epochs} | "
                    f"{r['train_s']:.0f} |")
     return out + [""]

@@ -204,6 +204,10 @@ def render(results: Path) -> str:
         if path.exists():
             payload = json.loads(path.read_text())
             lines += [f"## {title}", "", stamp(payload), "", *fn(payload)]
+    for path in sorted(results.glob("gpu_*.json")):  # later GPU checks, each on its own day
+        payload = json.loads(path.read_text())
+        lines += [f"## GPU check (scripts/gpu_check.sh) of {path.stem.removeprefix('gpu_')}", "",
+                  stamp(payload), "", *gpu_section(payload)]
     for path in sorted(results.glob("code_ab_*.json")):
         payload = json.loads(path.read_text())
         lines += [f"## Two revisions side by side: {path.stem.removeprefix('code_ab_')}", "",

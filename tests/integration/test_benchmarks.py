@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import (backends, code_ab, comm, gpu, input_pipeline, model_search, quality,
-                        quality_report, report, scaling, spark_features, trainer_ab)
+from benchmarks import (backends, code_ab, comm, gpu, gpu_parity, input_pipeline, model_search,
+                        quality, quality_report, report, scaling, spark_features, trainer_ab)
 from benchmarks.common import run_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.horovod]
@@ -200,11 +200,15 @@ def test_backward_beyond_the_pair_is_a_share_of_the_step():
 
 
 def test_the_gpu_checks_dry_run_trains_the_trainers_default_item_rows(tiny_features, tmp_path):
-    """The GPU check's step cells on the CPU (--cpu-dry-run: the script, not its numbers): the
-    shared loss with sparse gradients and rows caught up trains and settles finite tables."""
+    """The GPU check's parity and step parts on the CPU (--cpu-dry-run: the script, not its
+    times): every parity check passes on the CPU, as its unit tests do; the shared loss with
+    sparse gradients and rows caught up trains and settles finite tables."""
     assert gpu.main(["--data", str(tiny_features), "--out", str(tmp_path), "--cpu-dry-run",
-                     "--parts", "steps"]) == 0
-    steps = json.loads((tmp_path / "gpu.json").read_text())["steps"]
+                     "--parts", "parity,steps"]) == 0
+    results = json.loads((tmp_path / "gpu.json").read_text())
+    assert [r["check"] for r in results["parity"]] == list(gpu_parity.CHECKS)
+    assert all(r["ok"] for r in results["parity"]), results["parity"]
+    steps = results["steps"]
     lazy = [r for r in steps if r["rows"] == "lazy"]
     assert {r["amp"] for r in lazy} == {"bf16", "off"} and all(r["loss"] == "shared" for r in lazy)
     assert all(r["finite"] and r["settled_finite"] for r in lazy), lazy

@@ -11,14 +11,19 @@ import sys
 import pytest
 import torch
 
-from benchmarks import gpu
+from benchmarks import gpu, gpu_parity
 from tests.conftest import REPO
 
 
-def test_the_stored_gpu_results_render():
-    lines = gpu.render(json.loads((REPO / "benchmarks/results/gpu.json").read_text()))
+@pytest.mark.parametrize("name", ["gpu.json", "gpu_2026-11-30.json"])
+def test_the_stored_gpu_results_render(name):
+    payload = json.loads((REPO / "benchmarks/results" / name).read_text())
+    lines = gpu.render(payload)
     assert any(line.startswith("| 1,000,000 | shared |") for line in lines)
     assert sum(line.startswith(("| bf16 |", "| off |")) for line in lines) >= 2
+    parity = [line for line in lines if line.startswith(tuple(f"| {c} |" for c in
+                                                               gpu_parity.CHECKS))]
+    assert len(parity) == len(payload.get("parity", []))  # none before 2026-11-30
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
