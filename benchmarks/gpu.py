@@ -14,7 +14,8 @@ OUT/gpu.json as it goes, so a part that fails or runs out of time leaves the oth
   draws them as negatives, the exact loss scores them all): seconds a step after warm-up (CUDA
   synchronised), targets a second, peak GPU memory; loss auto (exact up to 25,000 items, shared
   above) and exact; AMP off, bf16 and fp16; item tables with dense AdamW, and where the loss is
-  shared also as the trainer runs them by default (sparse gradients, rows caught up).
+  shared also as the trainer runs them by default (sparse gradients, rows caught up); and some
+  cells again with the losses' blocks of rows 64x larger (BIG_BLOCK: fewer kernel launches).
 - parity: the catalog-scale code gives its unit tests' answers on the device
   (benchmarks/gpu_parity.py: exact_exp, the lazy rows' catch-up, the blocked exact loss, the
   chunked top-k).
@@ -45,6 +46,7 @@ from benchmarks.common import REPO, machine  # noqa: E402
 ITEMS = (1_000, 10_000, 100_000, 1_000_000)
 AMPS = ("off", "bf16", "fp16")
 ROWS = {"dense": "dense, AdamW", "lazy": "sparse, caught up"}  # step_cell's `rows`
+BIG_BLOCK = 2**26  # logits a block of rows may hold in the block cells: 256 MB of float32
 
 
 def gpu_info() -> dict:
@@ -94,14 +96,16 @@ def preload(data: Path, batches: int, device) -> tuple[list[dict], object]:
 
 
 def step_cell(batches: list[dict], dataset, items: int, loss: str, amp: str, steps: int,
-              warmup: int, device, rows: str = "dense") -> dict:
+              warmup: int, device, rows: str = "dense", block_logits: int | None = None) -> dict:
     """One model at one catalog size: median seconds a step, targets/s, peak GPU memory.
     rows "dense": AdamW over dense item gradients; "lazy": the trainer's default with the
     shared loss, sparse item gradients and the optimizer on the rows a step reads, caught up
-    (hvd_ctsm.train.lazy_rows), and every row settled after the last step."""
+    (hvd_ctsm.train.lazy_rows), and every row settled after the last step. block_logits: the
+    losses' rows-in-blocks size (catalog.BLOCK_LOGITS, sized for a CPU's cache) for this cell."""
     import torch
 
     from hvd_ctsm.config import load_config
+    from hvd_ctsm.model import catalog
     from hvd_ctsm.model.ctsm import CTSM
     from hvd_ctsm.model.heads import resolve_loss
     from hvd_ctsm.train import lazy_rows
@@ -113,7 +117,9 @@ def step_cell(batches: list[dict], dataset, items: int, loss: str, amp: str, ste
     sizes = build_model_sizes(dataset)  # the data's own items, or more (never occurring ones)
     sizes = replace(sizes, num_items=max(items, sizes.num_items))
     row = {"items": sizes.num_items, "loss": resolve_loss(loss, sizes.num_items + 1), "amp": amp,
-           "rows": rows}
+           "rows": rows} | ({"block_logits": block_logits} if block_logits else {})
+    default_block = catalog.BLOCK_LOGITS
+    catalog.BLOCK_LOGITS = block_logits or default_block
     torch.manual_seed(0)
     if cuda:
         torch.cuda.empty_cache()
@@ -157,6 +163,7 @@ def step_cell(batches: list[dict], dataset, items: int, loss: str, amp: str, ste
     except torch.OutOfMemoryError as exc:
         row |= {"error": f"out of memory: {str(exc).splitlines()[0]}"}
     finally:
+        catalog.BLOCK_LOGITS = default_block
         del model, optimizer
         if cuda:
             torch.cuda.empty_cache()
@@ -187,19 +194,23 @@ def steps_part(data: Path, results: Results, budget: float, steps: int, warmup: 
                device, items: tuple[int, ...]) -> None:
     start = time.monotonic()
     batches, dataset = preload(data, 8, device)
-    cells = [(n, "auto", amp, "dense") for n in items for amp in AMPS]
+    cells = [(n, "auto", amp, "dense", None) for n in items for amp in AMPS]
     # The trainer's default path where the loss is shared (the dry run's largest catalog
     # stands in for it there), before the slow exact loss at those sizes.
     lazy_items = [n for n in items if n > 25_000] or list(items[-1:])
-    cells += [(n, "shared", amp, "lazy") for n in lazy_items for amp in ("bf16", "off")]
-    cells += [(n, "full", "bf16", "dense") for n in items if n > 25_000]
-    for items, loss, amp, rows in cells:
+    cells += [(n, "shared", amp, "lazy", None) for n in lazy_items for amp in ("bf16", "off")]
+    # The losses' blocks of rows hold 4 MB of logits, for a CPU's cache; on a GPU each block is
+    # a dozen kernel launches (about 50 blocks a step at 10^4 items): the same cells with 64x.
+    cells += [(n, "auto", "bf16", "dense", BIG_BLOCK) for n in items if n >= 10_000]
+    cells += [(n, "shared", "bf16", "lazy", BIG_BLOCK) for n in lazy_items]
+    cells += [(n, "full", "bf16", "dense", None) for n in items if n > 25_000]
+    for items, loss, amp, rows, block in cells:
         if time.monotonic() - start > budget:
             results.add("steps", {"items": items, "loss": loss, "amp": amp, "rows": rows,
                                   "error": f"skipped: the part's {budget:.0f} s were spent"})
             continue
         results.add("steps", step_cell(batches, dataset, items, loss, amp, steps, warmup, device,
-                                       rows))
+                                       rows, block))
 
 
 def ml100k_run(data: Path, out: Path, work: Path, amp: str, seed: int, timeout: float,
@@ -312,14 +323,16 @@ def render(p: dict) -> list[str]:
            "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: |"]
     for r in p["steps"]:
         rows = ROWS[r.get("rows", "dense")]  # results before 2026-11-28: dense
+        loss = r["loss"] + (f", blocks of 2^{r['block_logits'].bit_length() - 1}"
+                            if r.get("block_logits") else "")  # since 2026-11-30
         if "error" in r:
-            out.append(f"| {r['items']:,} | {r['loss']} | {r['amp']} | {rows} | {r['error']} "
+            out.append(f"| {r['items']:,} | {loss} | {r['amp']} | {rows} | {r['error']} "
                        "| | | |")
         else:
             peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"  # None: a CPU
             # the lazy rows' cells since 2026-11-29: a batch's top-10 (CTSM.recommend)
             top = f"{r['recommend_s']:.3f}" if "recommend_s" in r else "-"
-            out.append(f"| {r['items']:,} | {r['loss']} | {r['amp']} | {rows} | "
+            out.append(f"| {r['items']:,} | {loss} | {r['amp']} | {rows} | "
                        f"{r['s_per_step']:.4f} | {r['targets_per_s']:,} | {peak} | {top} |")
     if p.get("parity"):  # since 2026-11-30
         out += ["", "**Parity**: the catalog-scale code's unit-test properties on the device "

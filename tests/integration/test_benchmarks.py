@@ -213,6 +213,8 @@ def test_the_gpu_checks_dry_run_trains_the_trainers_default_item_rows(tiny_featu
     assert {r["amp"] for r in lazy} == {"bf16", "off"} and all(r["loss"] == "shared" for r in lazy)
     assert all(r["finite"] and r["settled_finite"] for r in lazy), lazy
     assert all(r["recommend_ok"] and r["recommend_s"] > 0 for r in lazy), lazy
+    blocks = [r for r in steps if r.get("block_logits")]  # the larger blocks: finite, same loss
+    assert {r["rows"] for r in blocks} == {"dense", "lazy"} and all(r["finite"] for r in blocks)
     # rendered beside the stored GPU run's description (this machine has no GPU to describe)
     stored = json.loads((Path(gpu.__file__).parent / "results/gpu.json").read_text())
     assert any(line.startswith("| 10,000 | shared | off | sparse, caught up |")
