@@ -263,7 +263,8 @@ class TrainConfig:
     amp: str = "auto"
     """Mixed precision on CUDA: 'auto' (bf16 when supported), 'bf16', 'fp16', 'off'. CPU: fp32."""
     progress: bool = True
-    """A tqdm bar on rank 0."""
+    """Progress on rank 0: a tqdm bar on a terminal; where stderr is a log or a pipe, a line
+    every 30 s (step, share done, steps/s, time left, loss)."""
     max_steps: int = 0
     """Stop after this many optimizer steps in total (0: no limit); for smoke tests."""
     commit_every_steps: int = 10

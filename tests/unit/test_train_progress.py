@@ -1,32 +1,77 @@
-"""The training progress bar and the log lines written while it runs."""
+"""The training progress: a tqdm bar on a terminal, with log lines above it; a log line every
+30 s where stderr is a file or a pipe (no carriage returns piling up in a log)."""
 
 import logging
 import sys
+from contextlib import contextmanager
 
 import pytest
 
-from hvd_ctsm.train.support import log_lines_above_the_bar, progress_bar
+from hvd_ctsm.train import support
+from hvd_ctsm.train.support import LineProgress, log_lines_above_the_bar, progress_bar
 
 
-@pytest.mark.parametrize("redirected", [True, False])
-def test_a_log_line_during_training_gets_a_line_of_its_own_above_the_bar(capsys, redirected):
-    """Through a plain handler (logging.basicConfig's), the validation line was glued to the
-    end of the bar's line: `train: 100%|...| 282/282 [...]2026-11-29 ... epoch 2 val ...`."""
-    handler = logging.StreamHandler(sys.stderr)  # made now: writes to the captured stderr
+@contextmanager
+def logging_to_stderr():
+    """A plain handler, made inside the test: it writes to capsys's stderr."""
+    handler = logging.StreamHandler(sys.stderr)
     root = logging.getLogger()
     level = root.level
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:
-        with log_lines_above_the_bar(redirected):
-            bar = progress_bar(True, 4, 0)
-            bar.update(1)
-            logging.getLogger("hvd_ctsm.train").info("epoch 1 val full ndcg@10=0.2668")
-            bar.update(3)
-            bar.close()
+        yield
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
+
+
+@pytest.mark.parametrize("redirected", [True, False])
+def test_a_log_line_during_training_gets_a_line_of_its_own_above_the_bar(capsys, monkeypatch,
+                                                                         redirected):
+    """Through a plain handler (logging.basicConfig's), the validation line was glued to the
+    end of the bar's line: `train: 100%|...| 282/282 [...]2026-11-29 ... epoch 2 val ...`."""
+    monkeypatch.setattr(support, "on_a_terminal", lambda: True)
+    with logging_to_stderr(), log_lines_above_the_bar(redirected):
+        bar = progress_bar(True, 4, 0)
+        bar.update(1)
+        logging.getLogger("hvd_ctsm.train").info("epoch 1 val full ndcg@10=0.2668")
+        bar.update(3)
+        bar.close()
     lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
     assert ("epoch 1 val full ndcg@10=0.2668" in lines) == redirected, lines
     assert any(line.startswith("train: 100%") for line in lines)
+
+
+def test_without_a_terminal_progress_is_a_log_line_now_and_then(capsys):
+    """capsys's stderr is no terminal, as a log file is not: no bar, no carriage return; a line
+    with the step, the share done, the rate, the time left and the last logged loss."""
+    with logging_to_stderr(), log_lines_above_the_bar(True):
+        bar = progress_bar(True, 1700, 100)
+        assert isinstance(bar, LineProgress)
+        bar.every = 0.0  # a line at every update, for the test
+        bar.set_postfix(loss="7.123", rows_s="950")
+        bar.update(1)
+        bar.close()
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    line, = [line for line in err.splitlines() if line.startswith("train: step")]
+    assert line.startswith("train: step 101/1,700 (6%), ") and "steps/s, about " in line
+    assert line.endswith(" left; loss 7.123, rows_s 950"), line
+
+
+def test_a_line_waits_for_its_interval():
+    bar = LineProgress(10, 0, every=3600.0)
+    logged = []
+    support.log.addFilter(lambda record: logged.append(record) or False)
+    try:
+        for _ in range(10):
+            bar.update(1)
+    finally:
+        support.log.filters.clear()
+    assert bar.step == 10 and not logged
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(42, "42 s"), (600, "10 min"), (9000, "2.5 h")])
+def test_time_left_reads_in_the_unit_that_fits(seconds, text):
+    assert support.format_seconds(seconds) == text
