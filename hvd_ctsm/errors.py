@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from collections.abc import Callable
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # the shell's code for a command ended by SIGINT (128 + 2)
+# Set by spark_session's Ctrl-C handler when it cancels Spark's jobs: the error the cancelled
+# job's call then raises is the interruption, not a crash.
+CTRL_C = threading.Event()
 EXIT_CODES = """exit codes:
   0  done
   1  refused by a gate or a check: the backtest's or gate's rule, deploy's checks; nothing is
@@ -110,6 +114,10 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
         sys.last_type, sys.last_value = type(stop), stop
         return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001  one line; --debug shows the traceback
+        if CTRL_C.is_set():  # a Spark job cancelled by Ctrl-C: its call's error is the stop
+            print(f"{prog}: interrupted: Spark's running jobs were cancelled", file=sys.stderr)
+            sys.last_type, sys.last_value = KeyboardInterrupt, KeyboardInterrupt()
+            return EXIT_INTERRUPTED
         detail = spark_jvm_stopped(exc) or f"{type(exc).__name__}: {one_line(exc)}"
         print(f"{prog}: crashed: {detail} (rerun with --debug for the traceback)",
               file=sys.stderr)

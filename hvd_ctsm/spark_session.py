@@ -4,8 +4,13 @@ machine or a cluster."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+import time
 import warnings
+
+from hvd_ctsm import errors
 
 # PySpark 4.3 warns at each pandas conversion that it "does not yet fully support pandas >= 3.0.0".
 # The one incompatibility our jobs meet is handled (spark_jobs/pandas_frames.py), and the current
@@ -74,7 +79,51 @@ def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    cancel_jobs_on_ctrl_c(spark.sparkContext)
     return spark
+
+
+def cancel_jobs_on_ctrl_c(sc) -> None:
+    """Ctrl-C while the driver waits on Spark cancels Spark's jobs, and the call that waited
+    returns their error (errors.run_cli: "interrupted", exit 130). PySpark's own handler raised
+    KeyboardInterrupt inside that Py4J call: the driver's connection to the JVM broke, and the
+    command ended in pages of Py4J tracebacks and "crashed". Ctrl-C in Python code stops it at
+    once, as usual, and a third Ctrl-C wherever it is. Only a session this process starts,
+    from its main thread: a notebook's handler is its own."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _CtrlC(sc))
+
+
+class _CtrlC:
+    def __init__(self, sc):
+        self.sc, self.presses = sc, 0
+
+    def __call__(self, signum, frame):
+        self.presses += 1
+        if self.presses > 2 or not waiting_on_the_jvm(frame):
+            raise KeyboardInterrupt
+        errors.CTRL_C.set()
+        if self.presses == 1:
+            threading.Thread(target=self._cancel_jobs, name="ctrl-c", daemon=True).start()
+
+    def _cancel_jobs(self):
+        """The running jobs, then any job the driver starts on its way out, until it stops."""
+        try:
+            self.sc.setLogLevel("OFF")  # the cancelled tasks' warnings
+            while True:
+                self.sc.cancelAllJobs()
+                time.sleep(0.2)
+        except Exception:  # noqa: BLE001 - the session stopped: nothing left to cancel
+            return
+
+
+def waiting_on_the_jvm(frame) -> bool:
+    """Whether the main thread, at `frame`, is inside a Py4J call (a Spark action's wait)."""
+    while frame is not None:
+        if f"{os.sep}py4j{os.sep}" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _worker_warnings() -> str:

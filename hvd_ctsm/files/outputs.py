@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -178,14 +180,33 @@ def staging_dir(out: Path, overwrite: bool, kind: str = "features", inputs=()) -
 
 
 def publish(stage: Path, out: Path) -> None:
-    """Move the finished output into place; an old output is removed only after the swap."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(out, old)
-    os.replace(stage, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    """Move the finished output into place; an old output is removed only after the swap. A
+    Ctrl-C meanwhile waits for the swap: between its two renames OUT is nowhere."""
+    with ctrl_c_deferred():
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(out, old)
+        os.replace(stage, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """SIGINT within the block is held and raised as KeyboardInterrupt after it (in the main
+    thread; elsewhere a block runs as it is, as no signal reaches it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed and previous is not signal.SIG_IGN:
+        raise KeyboardInterrupt
 
 
 def discard(stage: Path) -> None:

@@ -72,3 +72,29 @@ def test_staged_publishes_on_success_and_keeps_the_old_output_on_failure(tmp_pat
     with pytest.raises(outputs.UnsafeOutputError):  # checked before the body runs
         with outputs.staged(out, overwrite=True, kind="features"):
             raise AssertionError("the body must not run")
+
+
+def test_ctrl_c_during_the_swap_waits_for_it_to_end(tmp_path, monkeypatch):
+    """publish moves OUT aside, then the stage in: a KeyboardInterrupt between the two left OUT
+    nowhere (only a hidden .old folder). Ctrl-C there is held until the swap is done."""
+    import os
+    import signal
+
+    out, stage = tmp_path / "out", tmp_path / ".out.tmp-1"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    stage.mkdir()
+    (stage / "new.txt").write_text("new")
+    replace = os.replace
+
+    def pressed_midway(src, dst):  # Ctrl-C right after OUT was moved aside
+        replace(src, dst)
+        if src == out:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(outputs.os, "replace", pressed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.publish(stage, out)
+    assert (out / "new.txt").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

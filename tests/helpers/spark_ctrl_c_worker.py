@@ -1,0 +1,22 @@
+"""A worker for the Spark Ctrl-C test: a session started as the feature job starts one, then a
+Spark job of about 40 s (one task at a time, each sleeping), through errors.run_cli as every
+command runs. It prints "job started" just before the job."""
+
+import sys
+import time
+
+from hvd_ctsm.errors import run_cli
+from hvd_ctsm.spark_session import get_spark
+
+
+def main(argv) -> int:
+    spark = get_spark("local[1]", "ctrl-c-test")
+    print("job started", flush=True)
+    slow = spark.sparkContext.parallelize(range(400), 400).map(lambda x: time.sleep(0.1) or x)
+    slow.count()
+    print("job finished", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, "ctrl-c-test"))
