@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 
 from hvd_ctsm import errors
 
@@ -45,6 +46,7 @@ STARTUP_CONF = {
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
 }
 DEFAULT_CONF = {**STARTUP_CONF, **RUNTIME_CONF, **REQUIRED_CONF}
+LOG4J2 = Path(__file__).with_name("spark_log4j2.properties")  # the driver's log settings
 
 
 def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **conf):
@@ -72,6 +74,7 @@ def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     master = resolve_master(master)
+    quiet_start(settings, master)
     builder = SparkSession.builder.appName(app_name)
     if master:  # None: leave it to spark-submit's --master
         builder = builder.master(master)
@@ -124,6 +127,17 @@ def waiting_on_the_jvm(frame) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def quiet_start(settings: dict, master: str | None) -> None:
+    """Spark's start without its five lines of no news: our log4j2 file for the driver JVM
+    (unless the settings name Java options of their own), and in local mode the loopback
+    address to bind to (Spark's hostname check warned where the host's name resolves to it)."""
+    if LOG4J2.exists():
+        settings.setdefault("spark.driver.extraJavaOptions",
+                            f"-Dlog4j2.configurationFile={LOG4J2.as_uri()}")
+    if master and master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def _worker_warnings() -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -371,7 +372,6 @@ def test_ctrl_c_cancels_spark_and_ends_in_one_line_and_130(ml100k, tmp_path):
     builds the examples: before, PySpark's handler broke the driver's Py4J connection, and the
     command ended in Py4J tracebacks and "crashed" (exit 3). Now Spark's jobs are cancelled,
     one line says so, exit 130, and neither OUT nor a temporary folder is left."""
-    import os
     import signal
 
     out = tmp_path / "features"
@@ -393,3 +393,21 @@ def test_ctrl_c_cancels_spark_and_ends_in_one_line_and_130(ml100k, tmp_path):
     assert rest.strip().splitlines()[-1] in (
         "hvd-ctsm: interrupted: Spark's running jobs were cancelled", "hvd-ctsm: interrupted")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.both_stacks
+def test_spark_starts_without_its_lines_of_no_news(tmp_path):
+    """The feature job's first lines are its own: before, every start printed five of Spark's
+    (the hostname's loopback address twice, "Setting default log level" and how to change it,
+    the native-hadoop library's absence)."""
+    done = subprocess.run([sys.executable, "-m", "hvd_ctsm", "features", "--source",
+                           "synthetic:clients=50,items=20,events=500,seed=1", "--out",
+                           str(tmp_path / "out"), "--split", "leave-last-out", "--row-groups",
+                           "2"], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Spark 4's JVM still says it uses an incubator module (no setting silences it)
+    noise = [line for line in done.stderr.splitlines()
+             if line != "WARNING: Using incubator modules: jdk.incubator.vector"]
+    assert noise == [], noise
+    assert done.stdout.startswith("features: reading and checking the events"), done.stdout
