@@ -3,7 +3,8 @@
     python -m hvd_ctsm.serving.deploy --model RUN --report RUN/backtest.json --registry REGISTRY
 
 REGISTRY/v0001/ holds model.pt, config.yaml, metadata.json, vocab.json and backtest.json;
-REGISTRY/current names the deployed version. A version folder appears whole or not at all (it is
+REGISTRY/current names the deployed version; deploying what it holds again (the same model and
+report, byte for byte) makes no new version. A version folder appears whole or not at all (it is
 built under a temporary name and renamed), and `current` is replaced atomically. A report whose
 gate did not pass, or that was made for another model file, is refused (exit code 1), and so is
 a version that would miss a file (exit code 1): metadata.json and vocab.json come from the
@@ -85,13 +86,20 @@ def version_files(model: Path, report: dict, report_path: Path) -> dict[str, Pat
 
 def verify_version(version: Path, files: dict[str, Path]) -> None:
     """The published copy equals its sources, byte for byte."""
+    if not holds(version, files):
+        raise RuntimeError(f"deploy: {version} differs from its sources after publishing; "
+                           "`current` was not moved to it")
+
+
+def holds(version: Path, files: dict[str, Path]) -> bool:
+    """Whether `version` holds a copy of each of `files`, byte for byte."""
     for name, src in files.items():
         copy = version / name
         if not copy.is_file() or copy.stat().st_size != src.stat().st_size or \
                 hashlib.sha256(copy.read_bytes()).digest() != \
                 hashlib.sha256(src.read_bytes()).digest():
-            raise RuntimeError(f"deploy: {copy} differs from {src} after publishing; "
-                               "`current` was not moved to it")
+            return False
+    return True
 
 
 def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path) -> Path:
@@ -105,6 +113,9 @@ def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path
     files = version_files(model, report, report_path)
     registry = Path(registry)
     outputs.check_not_an_input(registry, (model.parent, report_data_dir(report, report_path)))
+    deployed = current(registry)
+    if deployed is not None and holds(deployed, files):  # deployed again: nothing new
+        return deployed
     registry.mkdir(parents=True, exist_ok=True)
     if outputs.marker(registry) is None and not any(registry.glob("v[0-9]*")):
         outputs.mark(registry, "registry")
@@ -156,16 +167,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="the backtest report, whose last gate (the backtest's or hvd-ctsm "
                         "gate's) passed")
     p.add_argument("--registry", type=location, required=True,
-                   help="model registry folder (a new vNNNN in it, `current` moved to it); a "
+                   help="model registry folder (a new vNNNN in it, `current` moved to it; none "
+                        "when `current` holds this model and report already); a "
                         "tracked run's model is also registered in MLflow as "
                         "tracking.registered_model, alias champion")
     args = p.parse_args(argv)
+    before = current(args.registry) if Path(args.registry).is_dir() else None
     try:
         path = deploy(args.model, args.report, args.registry)
     except DeployRefused as exc:
         print(exc, file=sys.stderr)
         return 1
-    print(f"deployed {path} (current -> {path.name})")
+    if path == before:
+        print(f"already deployed: {path} holds this model and report (current -> {path.name}); "
+              "no new version")
+    else:
+        print(f"deployed {path} (current -> {path.name})")
     return 0
 
 

@@ -85,3 +85,22 @@ def test_what_deploy_and_atomic_writes_make_is_as_readable_as_the_umask_allows(t
     assert mode(version) == 0o750
     assert {mode(p) for p in version.iterdir()} == {0o640}
     assert mode(tmp_path / "registry" / "current") == 0o640
+
+
+def test_deploying_what_current_holds_again_makes_no_new_version(tmp_path, capsys):
+    """A pipeline rerun, or a second `deploy` of the same run: before, each made a new version
+    of the same bytes. A new report or model still makes one."""
+    run, report = run_folder(tmp_path, "../features")
+    features_beside(tmp_path)
+    registry = tmp_path / "registry"
+    args = ["--model", str(run), "--report", str(report), "--registry", str(registry)]
+    assert deploy.main(args) == 0
+    assert deploy.main(args) == 0
+    assert sorted(p.name for p in registry.glob("v*")) == ["v0001"]
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith(f"already deployed: {registry / 'v0001'} holds this model"), out
+    report.write_text(report.read_text().replace('"checks": []', '"checks": [], "again": 1'))
+    assert deploy.main(args) == 0
+    assert sorted(p.name for p in registry.glob("v*")) == ["v0001", "v0002"]
+    assert deploy.current(registry) == registry / "v0002"
+    assert capsys.readouterr().out.startswith(f"deployed {registry / 'v0002'}")
