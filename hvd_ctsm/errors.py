@@ -62,6 +62,18 @@ def one_line(exc: BaseException) -> str:
 # (hvd_ctsm.distributed.launchers) name a folder in this variable for the workers they start;
 # each one that fails writes its code there, and the run exits with the code they mean.
 EXIT_CODE_DIR = "HVD_CTSM_EXIT_CODE_DIR"
+# ... and where the launcher itself was stopped (Ctrl-C), the signal's name, in this file of it
+# before the launcher stops its workers: they then say so rather than guess at a failed rank.
+LAUNCHER_SIGNAL = "launcher-signal"
+
+
+def launcher_stopped_by() -> str | None:
+    """The signal that stopped this worker's launcher (SIGINT for Ctrl-C), if one did."""
+    folder = os.environ.get(EXIT_CODE_DIR)
+    try:
+        return open(os.path.join(folder, LAUNCHER_SIGNAL)).read().strip() if folder else None
+    except OSError:
+        return None
 
 
 def record_exit_code(code: int) -> int:

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hvd_ctsm.errors import EXIT_BAD_INPUT, EXIT_CODE_DIR, EXIT_CRASH, EXIT_REFUSED
+from hvd_ctsm.errors import EXIT_BAD_INPUT, EXIT_CODE_DIR, EXIT_CRASH, EXIT_REFUSED, LAUNCHER_SIGNAL
 
 # horovodrun's error when a worker exited non-zero (static and elastic runs alike).
 HOROVOD_WORKER_FAILED = "processes exited with non-zero status"
@@ -80,7 +80,8 @@ def run_launcher(launcher: str, argv: list[str]) -> None:
         from torch.distributed.run import main
 
         try:
-            main(argv)
+            with signals_recorded([]):  # its handlers SIGTERM the workers: they are told why
+                main(argv)
         except ChildFailedError:
             raise WorkersFailed from None
         except SignalException as exc:
@@ -106,8 +107,9 @@ def run_launcher(launcher: str, argv: list[str]) -> None:
 
 @contextlib.contextmanager
 def signals_recorded(received: list[int]):
-    """While inside, every handler installed for SIGINT or SIGTERM (horovodrun installs its own,
-    which stop the workers) first appends the signal to `received`."""
+    """While inside, every handler installed for SIGINT or SIGTERM (the launchers install their
+    own, which stop the workers) first appends the signal to `received` and notes it for the
+    workers (note_launcher_signal)."""
     install = signal.signal
 
     def recording(signum, handler):
@@ -116,6 +118,7 @@ def signals_recorded(received: list[int]):
 
             def handler(num, frame):
                 received.append(num)
+                note_launcher_signal(num)
                 return inner(num, frame)
         return install(signum, handler)
 
@@ -124,6 +127,14 @@ def signals_recorded(received: list[int]):
         yield
     finally:
         signal.signal = install
+
+
+def note_launcher_signal(signum: int) -> None:
+    """Tell the workers, before the launcher stops them, which signal stopped it."""
+    folder = os.environ.get(EXIT_CODE_DIR)
+    if folder:
+        with contextlib.suppress(OSError):
+            Path(folder, LAUNCHER_SIGNAL).write_text(signal.Signals(signum).name)
 
 
 if __name__ == "__main__":

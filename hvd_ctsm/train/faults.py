@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hvd_ctsm import distributed as dist
+from hvd_ctsm.errors import launcher_stopped_by
 
 if TYPE_CHECKING:
     from hvd_ctsm.config import TrainConfig
@@ -152,7 +153,7 @@ def start_stall_watcher(out: Path) -> StallWatcher | None:
 
 @contextmanager
 def note_on_sigterm(message: Callable[[], str]) -> Iterator[None]:
-    """While inside: a SIGTERM first writes `error: {message()}` to stderr, then ends the process
+    """While inside: a SIGTERM first writes `message()` to stderr, then ends the process
     as SIGTERM always did (the launcher sees the same exit, -15). Only where SIGTERM still has
     its default action, in the main thread (Python takes signals nowhere else): a notebook's
     or a Spark worker's own handler is left alone."""
@@ -164,7 +165,7 @@ def note_on_sigterm(message: Callable[[], str]) -> Iterator[None]:
     def say_then_stop(signum: int, frame) -> None:
         # The line goes to the real stderr: a stall watcher's pipe would die with the process.
         fd = _stderr_tee.original_fd if _stderr_tee else 2
-        os.write(fd, f"error: {message()}\n".encode())
+        os.write(fd, f"{message()}\n".encode())
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -212,9 +213,14 @@ def peer_lost_message(cfg: TrainConfig, model: CTSM, exc: BaseException) -> str:
 def stopped_message(cfg: TrainConfig, model: CTSM) -> str:
     """What a rank says when SIGTERM stops it: torchrun and horovodrun send it to every rank
     left as soon as one fails, often before the transport has told the survivor (seen in CI:
-    torchrun ended the survivor before Gloo's 'connection closed' reached it)."""
-    return ("stopped by SIGTERM, which torchrun and horovodrun send every rank when another "
-            "rank fails (and a scheduler sends when it stops the job). "
+    torchrun ended the survivor before Gloo's 'connection closed' reached it); and horovodrun
+    to every rank when Ctrl-C stops it (./run.sh's launcher notes that: launcher_stopped_by)."""
+    stopped_by = launcher_stopped_by()
+    if stopped_by:
+        return (f"interrupted (the launcher was stopped by {stopped_by}); the same command with "
+                f"--resume goes on from the last checkpoint in {cfg.out}")
+    return ("error: stopped by SIGTERM, which torchrun and horovodrun send every rank when "
+            "another rank fails (and a scheduler sends when it stops the job). "
             + memory_advice(cfg, model))
 
 

@@ -28,6 +28,11 @@ def main(argv):
         raise RuntimeError("a bug")
     if action == "wait":
         time.sleep(120)
+    if action == "note":  # as the trainer does: a line before SIGTERM ends it
+        from hvd_ctsm.errors import launcher_stopped_by
+        from hvd_ctsm.train.faults import note_on_sigterm
+        with note_on_sigterm(lambda: f"rank {rank}: launcher stopped by {launcher_stopped_by()}"):
+            time.sleep(120)
     if action == "killed":
         time.sleep(2)  # after the other rank's exit: its code is written first
         os.kill(os.getpid(), signal.SIGKILL)
@@ -71,10 +76,12 @@ def test_a_failed_run_ends_in_one_line_with_the_code_its_workers_mean(launcher, 
                                       pytest.param("horovodrun", marks=pytest.mark.horovod)])
 def test_ctrl_c_ends_the_run_in_one_line_and_130(launcher, tmp_path):
     """SIGINT to the launcher (as Ctrl-C sends it): before, about 120 lines with three
-    tracebacks (the launcher's and each rank's) and exit 1 (torchrun) or 3 (horovodrun)."""
+    tracebacks (the launcher's and each rank's) and exit 1 (torchrun) or 3 (horovodrun).
+    horovodrun SIGTERMs its workers, and a worker that says why (the trainer does) knows it was
+    the launcher's SIGINT: it said a rank had failed."""
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
-    proc = subprocess.Popen(launcher_command(launcher, str(worker), ["wait", "wait"]),
+    proc = subprocess.Popen(launcher_command(launcher, str(worker), ["note", "wait"]),
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     time.sleep(8)  # the workers have started
@@ -83,3 +90,7 @@ def test_ctrl_c_ends_the_run_in_one_line_and_130(launcher, tmp_path):
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == f"{launcher}: stopped by SIGINT", err[-3000:]
+    # torchrun passes SIGINT on (the ranks' KeyboardInterrupt); horovodrun sends SIGTERM
+    said = "rank 0: interrupted" if launcher == "torchrun" else \
+        "rank 0: launcher stopped by SIGINT"
+    assert said in err, err[-3000:]
