@@ -22,6 +22,7 @@ from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.data.dataset_meta import DatasetMeta, check_same_vocabulary
 from hvd_ctsm.model.checkpoint import CheckpointManager, load_state
 from hvd_ctsm.model.ctsm import ModelSizes
+from hvd_ctsm.progress import Progress
 from hvd_ctsm.train import faults
 
 log = logging.getLogger("hvd_ctsm.train")
@@ -173,38 +174,6 @@ class _NoBar:
         pass
 
 
-class LineProgress(_NoBar):
-    """Progress where stderr is no terminal (a log file, spark-submit, horovodrun's pipes): a
-    log line every `every` seconds. tqdm's bar redraws itself with carriage returns, which a
-    redirected log keeps, all in one ever longer line."""
-
-    def __init__(self, total: int, initial: int, every: float = 30.0):
-        self.total, self.step, self.first, self.every = total, initial, initial, every
-        self.started = self.last = time.monotonic()
-        self.postfix = ""
-
-    def update(self, n=1):
-        self.step += n
-        now = time.monotonic()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        rate = (self.step - self.first) / (now - self.started)
-        left = f", about {format_seconds((self.total - self.step) / rate)} left" if rate else ""
-        log.info("train: step %s/%s (%.0f%%), %.2f steps/s%s%s", f"{self.step:,}",
-                 f"{self.total:,}", 100 * self.step / max(self.total, 1), rate, left,
-                 self.postfix)
-
-    def set_postfix(self, **kwargs):
-        self.postfix = "; " + ", ".join(f"{k} {v}" for k, v in kwargs.items())
-
-
-def format_seconds(seconds: float) -> str:
-    minutes = round(seconds / 60)
-    return f"{seconds:.0f} s" if seconds < 90 else (
-        f"{minutes} min" if minutes < 90 else f"{minutes / 60:.1f} h")
-
-
 def on_a_terminal() -> bool:
     return sys.stderr.isatty()
 
@@ -220,11 +189,13 @@ def log_lines_above_the_bar(enabled: bool):
 
 
 def progress_bar(enabled: bool, total: int, initial: int):
-    """A tqdm bar on a terminal, a line every 30 s in a log (LineProgress), or nothing."""
+    """A tqdm bar on a terminal; where stderr is a file or a pipe (a log, spark-submit,
+    horovodrun's), a line every 30 s (hvd_ctsm.progress): tqdm's bar redraws itself with
+    carriage returns, which a log keeps, all in one ever longer line. Or nothing."""
     if not enabled:
         return _NoBar()
     if not on_a_terminal():
-        return LineProgress(total, initial)
+        return Progress(total, "train", "steps", initial)
     from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, desc="train")
