@@ -93,8 +93,14 @@ def test_ctrl_c_during_the_swap_waits_for_it_to_end(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(outputs.os, "replace", pressed_midway)
-    with pytest.raises(KeyboardInterrupt):
-        outputs.publish(stage, out)
+    # Python's own Ctrl-C, whatever this process inherited (a shell's background job ignores
+    # SIGINT, and publish then leaves it ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            outputs.publish(stage, out)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert (out / "new.txt").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
