@@ -20,7 +20,6 @@ by one Spark job; an existing table is replaced only with --overwrite.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,8 +29,8 @@ from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.errors import BAD_INPUT_ERRORS, EXIT_BAD_INPUT, EXIT_CRASH, one_line, run_cli
 from hvd_ctsm.files import outputs
 from hvd_ctsm.model.checkpoint import load_state
-from hvd_ctsm.serving.score import (ScoringError, model_inputs, model_source, scoring_parser,
-                                    scoring_split, vocab_items)
+from hvd_ctsm.serving.score import (ScoringError, model_inputs, model_source, say_scored,
+                                    scoring_parser, scoring_split, vocab_items)
 from spark_jobs.session import ExecutorPythonError, check_executors, get_spark, job_settings
 
 TABLE = "table:"  # --out table:NAME: a table of the session's catalog
@@ -136,7 +135,7 @@ def main(argv=None) -> int:
     except BAD_INPUT_ERRORS as exc:  # bad input, models:/ URIs included: 2, as every program
         print(f"score_topk: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(json.dumps(summary))
+    say_scored(summary, args.json)
     return 0
 
 

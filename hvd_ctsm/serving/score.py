@@ -217,7 +217,25 @@ def scoring_parser(prog: str, description: str, out: str) -> argparse.ArgumentPa
     p.add_argument("--split", default=None, choices=SCORABLE_SPLITS,
                    help="the rows to score from (default serving: every client's latest events; "
                         "test for features built before the serving split, with a warning)")
+    p.add_argument("--json", action="store_true",
+                   help="say what was scored as one JSON line (for scripts), not a sentence")
     return p
+
+
+def say_scored(summary: dict, as_json: bool) -> None:
+    """What a scorer did, on stdout: a sentence, or (--json) the summary as one JSON line."""
+    if as_json:
+        print(json.dumps(summary))
+        return
+    where = summary.get("table") or summary.get("out", "")
+    took = f" in {summary['seconds']:.1f} s" if "seconds" in summary else ""
+    line = (f"scored {summary['scored_clients']:,} of {summary['clients']:,} clients from the "
+            f"{summary.get('split', 'serving')} split, top-{summary['k']} each "
+            f"({summary['rows']:,} rows), into {where}{took}")
+    if summary["short"]:
+        line += (f"; {summary['short']:,} of them got fewer than {summary['k']} (every item "
+                 "they had not seen)")
+    print(line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ScoringError, DatasetError) as exc:  # bad input: one line, exit 2 (hvd_ctsm.errors)
         print(f"hvd-ctsm score: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(summary))
+    say_scored(summary, args.json)
     return 0
 
 

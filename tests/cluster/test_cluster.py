@@ -154,7 +154,7 @@ def test_run_sh_pipeline_with_two_training_tasks_then_scoring_on_the_cluster(clu
     assert summary["ranks"] == 2 and summary["steps"] > 0
     app, out = run_on_cluster(cluster, spark_submit(
         url, "ctsm-cluster-score", "score_topk.py", "--data", str(work / "features"),
-        "--model", str(registry), "--out", str(scores), "--k", "5"))
+        "--model", str(registry), "--out", str(scores), "--k", "5", "--json"))
     assert app["name"] in ("ctsm-cluster-score", "hvd_ctsm-score"), app["name"]
     scored = json.loads(out.strip().splitlines()[-1])
     clients = json.loads((work / "features" / "metadata.json").read_text())["counts"]["clients"]

@@ -67,7 +67,7 @@ def test_cli_and_spark_job_score_every_client_alike(spark, tiny_features, model_
     vocab_items = json.loads((tiny_features / "vocab.json").read_text())["items"]
     out = tmp_path / "scores.parquet"
     assert score.main(["--data", str(tiny_features), "--model", str(model_run),
-                       "--out", str(out), "--k", str(K)]) == 0
+                       "--out", str(out), "--k", str(K), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["split"] == SERVING_SPLIT
     local = check_scores(pq.read_table(out), clients, vocab_items)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left

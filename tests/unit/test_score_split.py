@@ -48,3 +48,21 @@ def test_a_registry_before_its_first_deploy_says_so(tmp_path):
         resolve_model(tmp_path / "registry")
     with pytest.raises(ScoringError, match="no model at .*missing: pass a registry"):
         resolve_model(tmp_path / "missing")
+
+
+SUMMARY = {"clients": 943, "scored_clients": 943, "rows": 9412, "short": 2, "k": 10,
+           "split": "serving", "out": "runs/scores.parquet", "seconds": 2.34}
+
+
+def test_a_scorer_says_what_it_scored_in_a_sentence_or_with_json_in_one_json_line(capsys):
+    from hvd_ctsm.serving.score import say_scored
+
+    say_scored(SUMMARY, as_json=False)
+    assert capsys.readouterr().out == (
+        "scored 943 of 943 clients from the serving split, top-10 each (9,412 rows), into "
+        "runs/scores.parquet in 2.3 s; 2 of them got fewer than 10 (every item they had not "
+        "seen)\n")
+    say_scored({**SUMMARY, "short": 0, "table": "main.scores"} | {"seconds": 1.0}, False)
+    assert capsys.readouterr().out.endswith("into main.scores in 1.0 s\n")
+    say_scored(SUMMARY, as_json=True)
+    assert json.loads(capsys.readouterr().out) == SUMMARY
