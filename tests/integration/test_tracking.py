@@ -225,7 +225,7 @@ def test_pyfunc_from_the_registry_scores_pandas_and_spark(demo, spark, monkeypat
 
 
 def counts_line(capsys) -> dict:
-    """The summary a scoring command printed, without what differs from run to run."""
+    """The summary a scoring command printed (--json), without what differs from run to run."""
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     return {key: value for key, value in summary.items() if key not in ("seconds", "out")}
 
@@ -245,16 +245,18 @@ def test_scoring_jobs_score_the_registered_champion(demo, spark, tmp_path, monke
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     features, registry = str(demo / "features"), str(demo / "registry")
     by_folder, by_uri = tmp_path / "folder.parquet", tmp_path / "uri.parquet"
-    assert score.main(["--data", features, "--model", registry, "--out", str(by_folder)]) == 0
+    assert score.main(["--data", features, "--model", registry, "--out", str(by_folder),
+                       "--json"]) == 0
     expected = counts_line(capsys)
     assert score.main(["--data", features, "--model", f"models:/{NAME}@champion",
-                       "--out", str(by_uri)]) == 0  # the default store: DATA/../mlflow
+                       "--out", str(by_uri), "--json"]) == 0  # the default store: DATA/../mlflow
     assert counts_line(capsys) == expected
     pd.testing.assert_frame_equal(pd.read_parquet(by_uri), pd.read_parquet(by_folder))
 
     spark_out = tmp_path / "spark"
     assert score_topk.main(["--data", features, "--model", f"models:/{NAME}@champion",
-                            "--tracking-uri", store_uri(demo), "--out", str(spark_out)]) == 0
+                            "--tracking-uri", store_uri(demo), "--out", str(spark_out),
+                            "--json"]) == 0
     assert counts_line(capsys) == expected
     order = ["client_id", "rank"]
     pd.testing.assert_frame_equal(
