@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # the shell's code for a command ended by SIGINT (128 + 2)
@@ -71,7 +72,7 @@ def launcher_stopped_by() -> str | None:
     """The signal that stopped this worker's launcher (SIGINT for Ctrl-C), if one did."""
     folder = os.environ.get(EXIT_CODE_DIR)
     try:
-        return open(os.path.join(folder, LAUNCHER_SIGNAL)).read().strip() if folder else None
+        return Path(folder, LAUNCHER_SIGNAL).read_text().strip() if folder else None
     except OSError:
         return None
 
@@ -120,20 +121,24 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
             return EXIT_BAD_INPUT
         raise
     except KeyboardInterrupt as stop:  # Ctrl-C: its own message where a step gave one
-        print(f"{prog}: {str(stop) or 'interrupted'}", file=sys.stderr)
-        # As the interpreter does for an uncaught exception: exit hooks read it (an open
-        # MLflow run ends KILLED, not FAILED: hvd_ctsm.tracking.runs.end_open_runs).
-        sys.last_type, sys.last_value = type(stop), stop
-        return EXIT_INTERRUPTED
+        return interrupted(prog, stop)
     except Exception as exc:  # noqa: BLE001  one line; --debug shows the traceback
         if CTRL_C.is_set():  # a Spark job cancelled by Ctrl-C: its call's error is the stop
-            print(f"{prog}: interrupted: Spark's running jobs were cancelled", file=sys.stderr)
-            sys.last_type, sys.last_value = KeyboardInterrupt, KeyboardInterrupt()
-            return EXIT_INTERRUPTED
+            return interrupted(prog, KeyboardInterrupt("interrupted: Spark's running jobs were "
+                                                       "cancelled"))
         detail = spark_jvm_stopped(exc) or f"{type(exc).__name__}: {one_line(exc)}"
         print(f"{prog}: crashed: {detail} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return EXIT_CRASH
+
+
+def interrupted(prog: str, stop: KeyboardInterrupt) -> int:
+    """Ctrl-C's one line and exit code. As the interpreter does for an uncaught exception, the
+    stop is left for exit hooks to read (an open MLflow run ends KILLED, not FAILED:
+    hvd_ctsm.tracking.runs.end_open_runs)."""
+    print(f"{prog}: {str(stop) or 'interrupted'}", file=sys.stderr)
+    sys.last_type, sys.last_value = type(stop), stop
+    return EXIT_INTERRUPTED
 
 
 SPARK_MEMORY_FIX = ("give it more heap: --conf spark.driver.memory=16g (in local mode the "
