@@ -89,7 +89,8 @@ def cli() -> None:
     (`--debug` shows the traceback), as each step's own program does."""
     from hvd_ctsm.errors import run_cli
 
-    code = run_cli(main, "hvd-ctsm")
+    step = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in STEPS else None
+    code = run_cli(main, f"hvd-ctsm {step}" if step else "hvd-ctsm")  # the step's own name
     dist = sys.modules.get("hvd_ctsm.distributed")  # imported by the steps that train only
     if dist is not None:
         dist.exit_process(code)

@@ -34,6 +34,8 @@ from spark_jobs import attributes, sequences, split, validate, vocab, write
 from spark_jobs.config import FeatureConfig, parse_time
 from spark_jobs.sources import load_source
 
+PROG = "hvd-ctsm features"  # the name its one-line errors start with (also as hvd-ctsm-features)
+
 
 def code_version() -> str:
     version = hvd_ctsm.__version__
@@ -278,7 +280,7 @@ def summary_table(summary: dict) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = arg_parser("hvd-ctsm-features", __doc__.split("\n")[0])
+    p = arg_parser(PROG, __doc__.split("\n")[0])
     p.add_argument(
         "--source", required=True,
         help="movielens:DIR | synthetic:k=v,... | events:PATH-OR-URL | table:NAME | delta:PATH. "
@@ -340,21 +342,21 @@ def main(argv=None) -> int:
     try:
         config = config_from_args(args)
     except ValueError as err:
-        print(f"hvd-ctsm-features: bad arguments: {err}", file=sys.stderr)
+        print(f"{PROG}: bad arguments: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from spark_jobs.driver_heap import sized_spark
     from spark_jobs.session import ExecutorPythonError, resolve_master
 
     try:  # an output we may not write stops here, before Spark starts (about 10 s)
         check_output(config)
-        spark = sized_spark(config.source, resolve_master(args.master), "hvd-ctsm-features",
+        spark = sized_spark(config.source, resolve_master(args.master), PROG,
                             dict(kv.split("=", 1) for kv in args.conf))
         summary = build_features(spark, config)
     except ExecutorPythonError as err:  # the executors' Python cannot run the job: 3
-        print(f"hvd-ctsm-features: error: {err}", file=sys.stderr)
+        print(f"{PROG}: error: {err}", file=sys.stderr)
         return EXIT_CRASH
     except BAD_INPUT_ERRORS as err:
-        print(f"hvd-ctsm-features: error: {one_line(err)}", file=sys.stderr)  # bad input: 2
+        print(f"{PROG}: error: {one_line(err)}", file=sys.stderr)  # bad input: 2
         return EXIT_BAD_INPUT
     print(summary_table(summary))
     for warning in summary["warnings"]:
@@ -364,7 +366,7 @@ def main(argv=None) -> int:
 
 
 def cli() -> None:
-    sys.exit(run_cli(main, "hvd-ctsm-features"))  # a crash: one line and exit 3 (--debug)
+    sys.exit(run_cli(main, PROG))  # a crash: one line and exit 3 (--debug)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hvd_ctsm.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, exit_code_for
+from hvd_ctsm.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, exit_code_for,
+                             run_cli)
 from hvd_ctsm.files.storage import location
+
+PROG = "hvd-ctsm pipeline"  # the name its one-line errors start with
 
 
 @dataclass
@@ -146,13 +149,13 @@ def run_pipeline(spark, cfg: PipelineConfig) -> int:
                   LaunchOptions(overwrite=True, init_from=init_from))
         if not steps.run("backtest", _backtest, data, model, report, cfg.gate):
             steps.finish("gate refused: nothing deployed")
-            print(f"[pipeline] the gate {cfg.gate!r} refused the model: nothing deployed "
+            print(f"{PROG}: the gate {cfg.gate!r} refused the model: nothing deployed "
                   f"(report: {report})", file=sys.stderr)
             return EXIT_REFUSED
         version = steps.run("deploy", deploy.deploy, model, report, cfg.registry)
     except StepFailed as exc:
         steps.finish(str(exc))
-        print(f"[pipeline] {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     steps.finish(f"deployed {version}")
     print(f"[pipeline] deployed {version}")
@@ -160,7 +163,7 @@ def run_pipeline(spark, cfg: PipelineConfig) -> int:
 
 
 def parse_args(argv=None):
-    p = arg_parser("pipeline", __doc__.splitlines()[0])
+    p = arg_parser(PROG, __doc__.splitlines()[0])
     p.add_argument("--source", required=True, help="movielens:DIR, synthetic:k=v,.. or events:PATH")
     p.add_argument("--work", type=location, required=True, help="folder for this run's outputs")
     p.add_argument("--registry", type=location, required=True, help="model registry folder")
@@ -184,16 +187,16 @@ def main(argv=None) -> int:
                              train_args=args.train_args, warm_start=args.warm_start,
                              split=args.split, max_len=args.max_len, row_groups=args.row_groups)
     except ValueError as exc:
-        print(f"pipeline: bad arguments: {exc}", file=sys.stderr)
+        print(f"{PROG}: bad arguments: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from spark_jobs.driver_heap import sized_spark
     from spark_jobs.session import resolve_master
 
     # Under spark-submit the master comes from its --master (the JVM is already configured).
     master = resolve_master(args.master, local_default=f"local[{cfg.num_proc}]")
-    spark = sized_spark(cfg.source, master, "[pipeline]", app_name="hvd_ctsm-pipeline")
+    spark = sized_spark(cfg.source, master, PROG, app_name="hvd_ctsm-pipeline")
     return run_pipeline(spark, cfg)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # spark-submit spark_jobs/pipeline.py: a crash is one line, exit 3
+    sys.exit(run_cli(main, PROG))

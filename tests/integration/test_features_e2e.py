@@ -391,7 +391,8 @@ def test_ctrl_c_cancels_spark_and_ends_in_one_line_and_130(ml100k, tmp_path):
     # in a Spark job (most of the time) or between two (tests/integration/test_spark_ctrl_c.py holds
     # the first case in place)
     assert rest.strip().splitlines()[-1] in (
-        "hvd-ctsm: interrupted: Spark's running jobs were cancelled", "hvd-ctsm: interrupted")
+        "hvd-ctsm features: interrupted: Spark's running jobs were cancelled",
+        "hvd-ctsm features: interrupted")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 

@@ -68,8 +68,8 @@ def test_bad_input_through_the_console_script_is_one_line_and_exit_2(tmp_path):
                            "--model", str(tmp_path / "model"), "--report",
                            str(tmp_path / "report.json")], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip() == (f"hvd-ctsm: error: {missing} is not a folder: point --data "
-                                   "at a folder written by spark_jobs.build_features")
+    assert proc.stderr.strip() == (f"hvd-ctsm backtest: error: {missing} is not a folder: point "
+                                   "--data at a folder written by spark_jobs.build_features")
 
 
 def test_version_names_the_installed_release(capsys):
@@ -118,7 +118,7 @@ def test_the_feature_job_sorts_errors_as_every_program_does(tmp_path, monkeypatc
         cli()
     assert stop.value.code == code
     err = capsys.readouterr().err
-    assert err.startswith("hvd-ctsm-features: ") and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("hvd-ctsm features: ") and len(err.strip().splitlines()) == 1, err
 
 
 JVM_STOPPED = ("An error occurred while calling o260.unpersist. : java.lang.IllegalStateException: "
