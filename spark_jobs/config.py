@@ -87,6 +87,10 @@ class FeatureConfig:
         kind = self.source.split(":", 1)[0]
         if kind not in SOURCE_KINDS:
             raise ValueError(f"unknown source kind {kind!r} ({', '.join(SOURCE_KINDS)})")
+        if kind == "synthetic":  # a bad parameter is said before Spark starts (seconds)
+            from spark_jobs.synthetic import SyntheticParams
+
+            SyntheticParams.parse(self.source.split(":", 1)[1])
         if not self.out:
             raise ValueError("out must name a folder")
         if self.split not in SPLIT_KINDS:

@@ -64,6 +64,15 @@ class SyntheticParams:
             raise ValueError(
                 f"synthetic events ({self.events}) must be >= clients ({self.clients})"
             )
+        if self.categories < 1 or self.parts < 0:
+            raise ValueError("synthetic source needs categories >= 1 and parts >= 0")
+        for name in ("p_continue", "p_drift", "p_taste"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"synthetic {name} is a probability (0 to 1), got "
+                                 f"{getattr(self, name)}")
+        for name in ("cover", "purchases_only"):
+            if getattr(self, name) not in (0, 1):
+                raise ValueError(f"synthetic {name} is 0 or 1, got {getattr(self, name)}")
         if self.cover and self.events < 2 * self.items:
             raise ValueError(f"synthetic cover=1 needs events >= 2 x items ({2 * self.items}), "
                              f"got {self.events}: raise events or lower items")
@@ -81,8 +90,22 @@ class SyntheticParams:
             key, _, text = part.partition("=")
             if key not in types:
                 raise ValueError(f"unknown synthetic parameter {key!r} (known: {sorted(types)})")
-            values[key] = float(text) if types[key] == "float" else int(float(text))
+            values[key] = _number(key, text, whole=types[key] != "float")
         return cls(**values)
+
+
+def _number(key: str, text: str, whole: bool) -> int | float:
+    """`text` as the parameter's number (`events=5e7` is a whole number), or a ValueError that
+    names the parameter (before: `items=abc` said only "could not convert string to float")."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"synthetic parameter {key}={text!r} is not a number") from None
+    if not whole:
+        return value
+    if not value.is_integer():
+        raise ValueError(f"synthetic parameter {key}={text!r} must be a whole number")
+    return int(value)
 
 
 def item_catalog(params: SyntheticParams) -> pd.DataFrame:

@@ -191,6 +191,7 @@ def test_config_validation_and_time_parsing():
         dict(max_len=0),
         dict(row_groups=0),
         dict(source="kafka:x"),
+        dict(source="synthetic:items=abc"),  # said before Spark starts
         dict(cutoffs=(1, 2)),
     ):
         with pytest.raises(ValueError):

@@ -3,6 +3,8 @@ This file holds the unit-tier part; the rest is in tests/integration/test_synthe
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -28,6 +30,24 @@ def test_parse_and_validation():
         SyntheticParams.parse("users=3")
     with pytest.raises(ValueError):
         SyntheticParams.parse("clients=10,events=5")
+
+
+@pytest.mark.parametrize("spec, said", [
+    ("items=abc", "items='abc' is not a number"),
+    ("clients=1.5", "clients='1.5' must be a whole number"),
+    ("p_drift=1.5", "p_drift is a probability"),
+    ("cover=2", "cover is 0 or 1"),
+    ("categories=0", "categories >= 1"),
+])
+def test_a_bad_parameter_is_named_in_its_error(spec, said):
+    """Before: `items=abc` said only "could not convert string to float: 'abc'", and
+    `clients=1.5` ran as clients=1."""
+    with pytest.raises(ValueError, match=re.escape(said)):
+        SyntheticParams.parse(spec)
+
+
+def test_whole_numbers_may_be_written_in_float_notation():
+    assert SyntheticParams.parse("events=5e7,clients=1e6").events == 50_000_000
 
 
 def test_deterministic_by_seed_and_exact_size():
