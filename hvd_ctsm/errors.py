@@ -116,8 +116,9 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except SystemExit as stop:  # SystemExit("error: ...") is a message for the user
-        if isinstance(stop.code, str):
-            print(stop.code, file=sys.stderr)
+        if isinstance(stop.code, str):  # under the program's name, as its other errors
+            named = stop.code.startswith("error:") and not stop.code.startswith(prog)
+            print(f"{prog}: {stop.code}" if named else stop.code, file=sys.stderr)
             return EXIT_BAD_INPUT
         raise
     except KeyboardInterrupt as stop:  # Ctrl-C: its own message where a step gave one

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from hvd_ctsm.model.ctsm import CTSM
 
 log = logging.getLogger("hvd_ctsm.train.faults")
+PROG = "hvd-ctsm train"  # the trainer's one-line messages start with it, as its errors do
 # A rank whose busy time per step is this many times the median is called slow in the log.
 SLOW_FACTOR = 1.5
 _STALL_START = re.compile(r"waiting for remainder of ranks for more than|is stalled for longer")
@@ -217,10 +218,10 @@ def stopped_message(cfg: TrainConfig, model: CTSM) -> str:
     to every rank when Ctrl-C stops it (./run.sh's launcher notes that: launcher_stopped_by)."""
     stopped_by = launcher_stopped_by()
     if stopped_by:
-        return (f"interrupted (the launcher was stopped by {stopped_by}); the same command with "
-                f"--resume goes on from the last checkpoint in {cfg.out}")
-    return ("error: stopped by SIGTERM, which torchrun and horovodrun send every rank when "
-            "another rank fails (and a scheduler sends when it stops the job). "
+        return (f"{PROG}: interrupted (the launcher was stopped by {stopped_by}); the same "
+                f"command with --resume goes on from the last checkpoint in {cfg.out}")
+    return (f"{PROG}: error: stopped by SIGTERM, which torchrun and horovodrun send every rank "
+            "when another rank fails (and a scheduler sends when it stops the job). "
             + memory_advice(cfg, model))
 
 

@@ -112,7 +112,7 @@ def run(cfg: TrainConfig, options: LaunchOptions | None = None) -> int:
 def cli() -> None:
     from hvd_ctsm.errors import run_cli
 
-    dist.exit_process(run_cli(main, "hvd-ctsm train"))
+    dist.exit_process(run_cli(main, faults.PROG))
 
 
 if __name__ == "__main__":

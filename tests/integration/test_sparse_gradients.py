@@ -118,7 +118,8 @@ def test_sigterm_says_why_in_one_line_then_ends_the_rank_as_sigterm_does(tiny_fe
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == -signal.SIGTERM
     text = log.read_text()
-    said = [line for line in text.splitlines() if line.startswith("error: stopped by SIGTERM")]
+    said = [line for line in text.splitlines() if line.startswith(
+        "hvd-ctsm train: error: stopped by SIGTERM")]
     assert len(said) == 1, text[-3000:]
     assert "61 items, next-item loss full" in said[0] and "model.loss=shared" in said[0]
     assert "Traceback" not in text

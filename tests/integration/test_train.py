@@ -97,7 +97,8 @@ def test_a_resume_under_another_effective_batch_goes_on_from_the_epochs_end_at_i
     run_trainer(tiny_features, mid, "--epochs", "2", "max_steps=1", np_=2)
     proc = run_trainer(tiny_features, mid, "--epochs", "2", "--resume", check=False)
     assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    errors = [line for line in proc.stderr.splitlines()
+              if line.startswith("hvd-ctsm train: error:")]
     assert errors and "1 step into epoch 1" in errors[0] and "(1 rank x" in errors[0]
     assert "Traceback" not in proc.stderr
 
