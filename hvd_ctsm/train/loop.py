@@ -46,6 +46,10 @@ def run_epochs(trainer: Trainer, resume: bool, init_from: str | None) -> dict:
     cfg = trainer.cfg
     checkpoints = CheckpointManager(Path(cfg.out) / "checkpoints", cfg.keep_checkpoints)
     position = start_position(trainer, checkpoints, resume, init_from)
+    finished = nothing_left(trainer, position)
+    if finished and dist.is_root():
+        log.info("--resume: %s: nothing left to train", finished)
+    first_epoch = cfg.epochs if finished else position["epoch"]
     trainer.open_logs(resume)
     bar = progress_bar(dist.is_root() and cfg.progress, trainer.total_steps, position["step"])
     step, best = position["step"], position["best"]
@@ -53,11 +57,11 @@ def run_epochs(trainer: Trainer, resume: bool, init_from: str | None) -> dict:
     stop_at = min(trainer.total_steps, cfg.max_steps or trainer.total_steps)
     last_validation = None
     trainer.model.train()
-    if position["epoch"] < cfg.epochs:
-        batches = epoch_batches(trainer, position["epoch"], skip=position["batch"])
+    if first_epoch < cfg.epochs:
+        batches = epoch_batches(trainer, first_epoch, skip=position["batch"])
     upcoming = None  # the next epoch's batches, once its reader is open
-    for epoch in range(position["epoch"], cfg.epochs):
-        done = position["batch"] if epoch == position["epoch"] else 0  # optimizer steps
+    for epoch in range(first_epoch, cfg.epochs):
+        done = position["batch"] if epoch == first_epoch else 0  # optimizer steps
         while done < steps_per_epoch and step < stop_at:
             losses = trainer.step(batches)
             step, done = step + 1, done + 1
@@ -132,6 +136,20 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
                  "without a better NDCG@10 (%d epochs, about %s training rows)", cfg.epochs,
                  patience, epochs, f"{epochs * trainer.rows_per_epoch:,.0f}")
     return trainer
+
+
+def nothing_left(trainer: Trainer, position: dict) -> str | None:
+    """Why a resumed run has nothing left to train, or None: it has trained its epochs, or it
+    had stopped early by this run's patience (before, each --resume of a run that stopped early
+    trained one more epoch and stopped again)."""
+    cfg, epoch, best = trainer.cfg, position["epoch"], position["best"]
+    if epoch and epoch >= cfg.epochs:
+        return (f"the run has trained {epoch} epoch{'s' * (epoch != 1)} (epochs={cfg.epochs}; "
+                "a larger epochs=N goes on)")
+    if not position["batch"] and trainer.no_longer_improving(best, epoch):
+        return (f"the run stopped early after epoch {epoch} (no better validation since epoch "
+                f"{best['epoch']}; a larger early_stop_evals or early_stop_rows goes on)")
+    return None
 
 
 def start_position(trainer: Trainer, checkpoints: CheckpointManager, resume: bool,

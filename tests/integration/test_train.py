@@ -103,6 +103,24 @@ def test_a_resume_under_another_effective_batch_goes_on_from_the_epochs_end_at_i
     assert "Traceback" not in proc.stderr
 
 
+def test_a_resume_of_a_run_that_stopped_early_trains_nothing(tiny_features, tmp_path):
+    """Before, each --resume of a finished run trained one more epoch and stopped again (a
+    pipeline retrying with --resume grew the run). A learning rate too small to move a weight
+    makes every validation equal, so the run stops early after epoch 3 (best: epoch 1)."""
+    run = tmp_path / "run"
+    still = ["epochs=30", "early_stop_evals=2", "early_stop_rows=0", "optim.lr=1e-30"]
+    run_trainer(tiny_features, run, *still)
+    stopped = json.loads((run / "train_summary.json").read_text())
+    assert stopped["steps"] == 3 * stopped["steps_per_epoch"]
+    proc = run_trainer(tiny_features, run, *still, "--resume")
+    assert json.loads((run / "train_summary.json").read_text())["steps"] == stopped["steps"]
+    assert "the run stopped early after epoch 3 (no better validation since epoch 1;" \
+        in proc.stderr
+    proc = run_trainer(tiny_features, run, *still, "early_stop_evals=3", "--resume")
+    assert json.loads((run / "train_summary.json").read_text())["steps"] == \
+        4 * stopped["steps_per_epoch"]  # a larger patience goes on, one more epoch here
+
+
 def test_a_dataset_of_another_schema_version_stops_before_training(tiny_features, tmp_path):
     import shutil
 
