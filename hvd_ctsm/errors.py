@@ -117,7 +117,7 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
         return EXIT_BAD_INPUT
     except SystemExit as stop:  # SystemExit("error: ...") is a message for the user
         if isinstance(stop.code, str):  # under the program's name, as its other errors
-            named = stop.code.startswith("error:") and not stop.code.startswith(prog)
+            named = stop.code.startswith("error:")
             print(f"{prog}: {stop.code}" if named else stop.code, file=sys.stderr)
             return EXIT_BAD_INPUT
         raise
