@@ -21,20 +21,29 @@ from hvd_ctsm.errors import run_cli
 rank = int(os.environ.get("RANK") or os.environ["HOROVOD_RANK"])
 action = sys.argv[1 + rank]
 
+def ready():  # the test signals the launcher only once both ranks are here
+    open(f"ready-{rank}", "w").close()
+
 def main(argv):
     if action == "bad":
         raise ValueError("this rank's input is bad")
     if action == "bug":
         raise RuntimeError("a bug")
     if action == "wait":
+        ready()
         time.sleep(120)
     if action == "note":  # as the trainer does: a line before SIGTERM ends it
         from hvd_ctsm.errors import launcher_stopped_by
         from hvd_ctsm.train.faults import note_on_sigterm
         with note_on_sigterm(lambda: f"rank {rank}: launcher stopped by {launcher_stopped_by()}"):
+            ready()
             time.sleep(120)
-    if action == "killed":
-        time.sleep(2)  # after the other rank's exit: its code is written first
+    if action == "killed":  # after the other rank's end: a failed one's code is written first
+        failing = sys.argv[2 - rank] in ("bad", "bug")
+        folder, deadline = os.environ["HVD_CTSM_EXIT_CODE_DIR"], time.time() + 60
+        while failing and not os.listdir(folder) and time.time() < deadline:
+            time.sleep(0.1)  # (a fixed 2 s could end first on a loaded machine)
+        time.sleep(0 if failing else 2)
         os.kill(os.getpid(), signal.SIGKILL)
     return 0
 
@@ -84,7 +93,12 @@ def test_ctrl_c_ends_the_run_in_one_line_and_130(launcher, tmp_path):
     proc = subprocess.Popen(launcher_command(launcher, str(worker), ["note", "wait"]),
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    time.sleep(8)  # the workers have started
+    # Both ranks are in place (a fixed 8 s wait could end before a loaded machine's horovodrun
+    # had started them and the trainer's note was set: the line below would then be missing).
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("ready-*"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "the workers never started"
+        time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-3000:]
