@@ -1,17 +1,26 @@
 """A worker for the Spark Ctrl-C test: a session started as the feature job starts one, then a
 Spark job of about 40 s (one task at a time, each sleeping), through errors.run_cli as every
-command runs. It prints "job started" just before the job."""
+command runs. It prints "job started" just before the job, "job running" once Spark runs it."""
 
 import sys
+import threading
 import time
 
 from hvd_ctsm.errors import run_cli
 from hvd_ctsm.spark_session import get_spark
 
 
+def say_when_running(sc) -> None:
+    """Prints "job running" once Spark runs the job (the test's Ctrl-C must find it running)."""
+    while not sc.statusTracker().getActiveJobsIds():
+        time.sleep(0.1)
+    print("job running", flush=True)
+
+
 def main(argv) -> int:
     spark = get_spark("local[1]", "ctrl-c-test")
     print("job started", flush=True)
+    threading.Thread(target=say_when_running, args=(spark.sparkContext,), daemon=True).start()
     slow = spark.sparkContext.parallelize(range(400), 400).map(lambda x: time.sleep(0.1) or x)
     slow.count()
     print("job finished", flush=True)
