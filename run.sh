@@ -166,12 +166,22 @@ demo() {
 # gate, deploy). The venv's bin goes first on PATH so that executors run its python. MASTER picks
 # the cluster (MASTER=spark://head:7077), default local[$NP]; SPARK_SUBMIT_ARGS adds spark-submit's
 # own options (executor cores and memory, --py-files); extra arguments go to pipeline.py.
+# The driver logs as the sessions hvd_ctsm starts itself do (hvd_ctsm/spark_session.py:
+# quiet_start): warnings, not the 40 INFO lines of Spark's start, unless SPARK_SUBMIT_ARGS sets
+# the driver's Java options; in local mode it binds to the loopback address.
 pipeline_spark() {
     ensure_setup
     local source=${DATA:-synthetic:clients=1200,items=300,events=60000,seed=7}
+    local master=${MASTER:-local[$NP]} quiet=()
+    case "${SPARK_SUBMIT_ARGS:-}" in
+        *driver-java-options*|*driver.extraJavaOptions*) ;;
+        *) quiet=(--driver-java-options
+                  "-Dlog4j2.configurationFile=file:$REPO/hvd_ctsm/spark_log4j2.properties") ;;
+    esac
+    case "$master" in local*) export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1} ;; esac
     # shellcheck disable=SC2086
     PATH="$VENV/bin:$PATH" PYSPARK_PYTHON="$VENV/bin/python" "$VENV/bin/spark-submit" \
-        --master "${MASTER:-local[$NP]}" ${SPARK_SUBMIT_ARGS:-} \
+        --master "$master" "${quiet[@]}" ${SPARK_SUBMIT_ARGS:-} \
         spark_jobs/pipeline.py --source "$source" --work "$WORK/pipeline" \
         --registry "$WORK/registry" --num-proc "$NP" --config "${CONFIG:-default}" \
         --gate "${GATE:-ndcg@10>=0.05}" "epochs=${EPOCHS:-6}" "$@"
