@@ -22,6 +22,7 @@ installed, so the package works without it.
 from __future__ import annotations
 
 import logging
+import os
 from functools import cache
 from pathlib import Path
 
@@ -37,6 +38,9 @@ __all__ = ["CHAMPION", "LINK_FILE", "RunLink", "champion_report", "download_mode
 @cache
 def mlflow_installed() -> bool:
     """Whether mlflow imports; says once, in one line, that tracking is off when it does not."""
+    # MLflow's own INFO lines (its database's tables made, an input example checked) are no
+    # news in a run's log: warnings only, unless the user set MLFLOW_LOGGING_LEVEL.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     try:
         import mlflow  # noqa: F401
     except ImportError as exc:
