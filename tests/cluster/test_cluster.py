@@ -55,10 +55,10 @@ def app_ids(ui_port: int) -> set[str]:
 
 
 def run_on_cluster(cluster, cmd: list[str], timeout: int = 540,
-                   env: dict | None = None) -> tuple[dict, str]:
+                   env: dict | None = None) -> tuple[dict, str, str]:
     """Run `cmd` (a driver of one application; `env` adds to its environment); return the
     master's record of the one application it registered, checked to have finished there with
-    executors of our worker, and the driver's stdout."""
+    executors of our worker, and the driver's stdout and stderr."""
     url, ui, worker_ui, tmp = cluster
     before = app_ids(ui)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
@@ -72,7 +72,7 @@ def run_on_cluster(cluster, cmd: list[str], timeout: int = 540,
     worker = master_status(worker_ui)  # the worker's own JSON status
     ran = [e for e in worker["finishedexecutors"] + worker["executors"] if e["appid"] == app["id"]]
     assert ran, f"no executor of {app['id']} on the worker: it ran in the driver alone"
-    return app, proc.stdout
+    return app, proc.stdout, proc.stderr
 
 
 def wait_for(check, seconds: float, what: str):
@@ -142,17 +142,18 @@ def test_run_sh_pipeline_with_two_training_tasks_then_scoring_on_the_cluster(clu
              "SPARK_SUBMIT_ARGS": "--executor-memory 1g --conf spark.ui.enabled=false "
              # conftest's TEST_JVM_OPTIONS, less the collector: run.sh splits this on spaces
              "--conf spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1"}
-    app, out = run_on_cluster(cluster, [
+    app, _, err = run_on_cluster(cluster, [
         "bash", str(REPO / "run.sh"), "pipeline-spark", "--row-groups", "4", "--max-len", "10",
         *TINY_TRAINING], env=knobs)
     assert app["name"] == "hvd_ctsm-pipeline", app["name"]
+    assert " INFO SparkContext:" not in err, err[:3000]  # Spark's start: 40 lines of no news
     assert app["cores"] >= 2  # both training ranks had a task slot at once
     record = json.loads((work / "pipeline.json").read_text())
     assert [s["step"] for s in record["steps"]] == ["features", "train", "backtest", "deploy"]
     assert record["result"].startswith("deployed"), record
     summary = json.loads((work / "model" / "train_summary.json").read_text())
     assert summary["ranks"] == 2 and summary["steps"] > 0
-    app, out = run_on_cluster(cluster, spark_submit(
+    app, out, _ = run_on_cluster(cluster, spark_submit(
         url, "ctsm-cluster-score", "score_topk.py", "--data", str(work / "features"),
         "--model", str(registry), "--out", str(scores), "--k", "5", "--json"))
     assert app["name"] in ("ctsm-cluster-score", "hvd_ctsm-score"), app["name"]
@@ -179,7 +180,7 @@ def test_training_waits_for_the_executors_task_slots_to_register(cluster):
     cluster (and num_proc=2 passed on a 1-slot one). Classic stack only: under Spark 4.3 the
     worker's executor had registered before the session was returned (first reading 3), so
     there the test could not show the wait."""
-    app, out = run_on_cluster(cluster, [sys.executable, "-c", SLOT_WAIT, cluster[0]])
+    app, out, _ = run_on_cluster(cluster, [sys.executable, "-c", SLOT_WAIT, cluster[0]])
     readings = json.loads(out.strip().splitlines()[-1])
     assert readings["first"][0] < 3 and readings["first"][1] < 3, readings  # none registered
     assert readings["after"] == 3 == app["cores"]
