@@ -60,6 +60,7 @@ EOF
 
 # A fingerprint of everything that decides what setup installs: rerun setup when it changes.
 setup_fingerprint() {
+    echo "stack=$HVD_CTSM_STACK"
     cat constraints.txt setup.cfg scripts/install_stack.sh | sha256sum | cut -d' ' -f1
     if [[ $HVD_CTSM_STACK == current ]]; then sha256sum <constraints-current.txt | cut -d' ' -f1; fi
     if [[ -n ${PYTHON:-} ]]; then echo "python=$PYTHON"; fi  # a Python asked for: setup checks it
@@ -70,11 +71,26 @@ setup() {
     setup_fingerprint >"$STAMP"
 }
 
+# Setup runs by itself only into a venv it made (the stamp, or install_stack.sh's marker of a
+# setup cut short) for the stack asked for: pointing VENV at another stack's venv or at an
+# environment of one's own says so in one line instead of installing other pins into it.
 ensure_setup() {
-    if [[ ! -f $STAMP || $(cat "$STAMP") != "$(setup_fingerprint)" ]]; then
-        echo "[run.sh] environment missing or stale: running setup first"
-        setup
+    [[ -f $STAMP && $(cat "$STAMP") == "$(setup_fingerprint)" ]] && return
+    local holds
+    holds=$(sed -n 's/^stack=//p' "$STAMP" 2>/dev/null || true)
+    if [[ -n $holds && $holds != "$HVD_CTSM_STACK" ]]; then
+        echo "run.sh: $VENV holds the $holds stack, not the $HVD_CTSM_STACK one: set" \
+            "HVD_CTSM_STACK=$holds to use it, or VENV= another folder" >&2
+        exit 2
     fi
+    if [[ -x $VENV/bin/python && ! -f $STAMP && ! -f $VENV/.hvd_ctsm-venv ]]; then
+        echo "run.sh: $VENV was not made by ./run.sh setup, which would install the" \
+            "$HVD_CTSM_STACK stack's pins into it: run ./run.sh setup with this VENV to do that," \
+            "or leave VENV unset" >&2
+        exit 2
+    fi
+    echo "[run.sh] environment missing or stale: running setup first"
+    setup
 }
 
 py() { "$VENV/bin/python" "$@"; }

@@ -112,6 +112,7 @@ create_venv() {
             "remove $VENV (or set VENV= elsewhere) to create it anew${wanted:+, or set PYTHON= to match it}"
     fi
     "$PYTHON" -m venv "$VENV" || fail "could not create the venv" "install python$wanted-venv"
+    : >"$VENV/.hvd_ctsm-venv"  # made here: run.sh sets up into it again without asking
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     done_step
 }

@@ -1,5 +1,6 @@
 """setup's choice of Python: each stack takes the Pythons it was verified on, says so in one line
-otherwise, and never replaces a venv it finds."""
+otherwise, and never replaces a venv it finds; run.sh sets up by itself only into a venv it made
+for the same stack."""
 
 import os
 import re
@@ -98,3 +99,34 @@ def test_unset_with_no_python_of_its_own_the_classic_stack_names_3_11(tmp_path):
     done = setup(tmp_path, "classic", venv, path=machine_with(tmp_path, ["3.12"]))
     assert done.returncode == 1 and "python3.11 not found" in done.stderr
     assert not venv.exists()
+
+
+def run_sh(venv: Path, stack: str, step: str = "doctor") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "HVD_CTSM_BACKENDS")}
+    env |= {"HVD_CTSM_STACK": stack, "VENV": str(venv), "SKIP_APT": "1"}
+    return subprocess.run([shutil.which("bash"), str(REPO / "run.sh"), step], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_run_sh_never_sets_up_one_stack_into_the_other_stacks_venv(tmp_path):
+    """Before: a current-stack venv reached with HVD_CTSM_STACK unset (classic) was 'stale',
+    and run.sh installed the classic pins into it (pyarrow 10, numpy 1, Spark 3.5)."""
+    venv = tmp_path / "venv"
+    fake_python(venv / "bin" / "python", "3.12")
+    stamp = venv / ".hvd_ctsm-setup-stamp"
+    stamp.write_text("stack=current\nabc\ndef\n")
+    done = run_sh(venv, "classic")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip() == (f"run.sh: {venv} holds the current stack, not the classic "
+                                   "one: set HVD_CTSM_STACK=current to use it, or VENV= another "
+                                   "folder")
+    assert stamp.read_text() == "stack=current\nabc\ndef\n" and "setup" not in done.stdout
+
+
+def test_run_sh_never_sets_up_into_an_environment_it_did_not_make(tmp_path):
+    venv = tmp_path / "env"
+    fake_python(venv / "bin" / "python", "3.11")
+    done = run_sh(venv, "classic")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"run.sh: {venv} was not made by ./run.sh setup" in done.stderr
+    assert sorted(p.name for p in venv.iterdir()) == ["bin"] and "setup" not in done.stdout
