@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,10 @@ REPO = Path(__file__).resolve().parents[1]
 HEAVY_MARKERS = {"spark", "horovod", "slow"}
 HEAVY_FIXTURES = {"spark", "tiny_features", "ml100k"}
 CLASSIC_ONLY = {"horovod": "Horovod", "petastorm": "Petastorm"}  # marker -> the part it needs
+# ./run.sh from a test runs this interpreter's venv as the stack it holds (only the classic stack
+# has Horovod), also when the tests were started without ./run.sh test's HVD_CTSM_STACK.
+RUN_SH_ENV = {"VENV": sys.prefix, "HVD_CTSM_STACK": os.environ.get("HVD_CTSM_STACK") or (
+    "classic" if importlib.util.find_spec("horovod") else "current")}
 # The suite's Spark JVMs live seconds to minutes: C1 alone and the serial collector spend far
 # less CPU compiling and collecting than the JVM's server defaults. Side by side here, the
 # feature job took 37-42 s of CPU instead of 57-63 on tiny data, 48 instead of 70 on ML-100K and

@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, RUN_SH_ENV
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow, pytest.mark.e2e]
 
@@ -138,7 +138,7 @@ def test_run_sh_pipeline_with_two_training_tasks_then_scoring_on_the_cluster(clu
     work, registry, scores = tmp_path / "pipeline", tmp_path / "registry", tmp_path / "scores"
     knobs = {"MASTER": url, "WORK": str(tmp_path), "NP": "2", "EPOCHS": "1",
              "DATA": "synthetic:clients=80,items=60,events=2000,seed=3",
-             "GATE": "sampled.hr@10>=0", "CONFIG": "default", "VENV": sys.prefix,
+             "GATE": "sampled.hr@10>=0", "CONFIG": "default", **RUN_SH_ENV,
              "SPARK_SUBMIT_ARGS": "--executor-memory 1g --conf spark.ui.enabled=false "
              # conftest's TEST_JVM_OPTIONS, less the collector: run.sh splits this on spaces
              "--conf spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1"}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hvd_ctsm.tracking.link import read_link
-from tests.conftest import REPO
+from tests.conftest import REPO, RUN_SH_ENV
 
 pytestmark = pytest.mark.both_stacks
 
@@ -94,7 +94,7 @@ def demo(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("demo")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env |= {"WORK": str(work), "DATA": DEMO_DATA, "EPOCHS": "2", "NP": "2", "ROW_GROUPS": "8",
-            "GATE": "ndcg@10>=0.02", "VENV": sys.prefix, "OMP_NUM_THREADS": "1"}
+            "GATE": "ndcg@10>=0.02", "OMP_NUM_THREADS": "1", **RUN_SH_ENV}
     proc = subprocess.run(["bash", str(REPO / "run.sh"), "demo", *DEMO_TRAIN], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
