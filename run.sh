@@ -67,15 +67,14 @@ setup_fingerprint() {
 }
 
 setup() {
+    refuse_another_stack
     bash scripts/install_stack.sh
     setup_fingerprint >"$STAMP"
 }
 
-# Setup runs by itself only into a venv it made (the stamp, or install_stack.sh's marker of a
-# setup cut short) for the stack asked for: pointing VENV at another stack's venv or at an
-# environment of one's own says so in one line instead of installing other pins into it.
-ensure_setup() {
-    [[ -f $STAMP && $(cat "$STAMP") == "$(setup_fingerprint)" ]] && return
+# One stack's pins installed over the other's leave a venv that is neither (Horovod and
+# Petastorm stay beside Spark 4, say): one line and exit 2 instead.
+refuse_another_stack() {
     local holds
     holds=$(sed -n 's/^stack=//p' "$STAMP" 2>/dev/null || true)
     if [[ -n $holds && $holds != "$HVD_CTSM_STACK" ]]; then
@@ -83,6 +82,14 @@ ensure_setup() {
             "HVD_CTSM_STACK=$holds to use it, or VENV= another folder" >&2
         exit 2
     fi
+}
+
+# Setup runs by itself only into a venv it made (the stamp, or install_stack.sh's marker of a
+# setup cut short) for the stack asked for: pointing VENV at another stack's venv or at an
+# environment of one's own says so in one line instead of installing other pins into it.
+ensure_setup() {
+    [[ -f $STAMP && $(cat "$STAMP") == "$(setup_fingerprint)" ]] && return
+    refuse_another_stack
     if [[ -x $VENV/bin/python && ! -f $STAMP && ! -f $VENV/.hvd_ctsm-venv ]]; then
         echo "run.sh: $VENV was not made by ./run.sh setup, which would install the" \
             "$HVD_CTSM_STACK stack's pins into it: run ./run.sh setup with this VENV to do that," \

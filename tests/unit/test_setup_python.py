@@ -115,12 +115,13 @@ def test_run_sh_never_sets_up_one_stack_into_the_other_stacks_venv(tmp_path):
     fake_python(venv / "bin" / "python", "3.12")
     stamp = venv / ".hvd_ctsm-setup-stamp"
     stamp.write_text("stack=current\nabc\ndef\n")
-    done = run_sh(venv, "classic")
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stderr.strip() == (f"run.sh: {venv} holds the current stack, not the classic "
-                                   "one: set HVD_CTSM_STACK=current to use it, or VENV= another "
-                                   "folder")
-    assert stamp.read_text() == "stack=current\nabc\ndef\n" and "setup" not in done.stdout
+    for step in ("doctor", "setup"):  # set up by itself first, or asked to
+        done = run_sh(venv, "classic", step)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stderr.strip() == (f"run.sh: {venv} holds the current stack, not the "
+                                       "classic one: set HVD_CTSM_STACK=current to use it, or "
+                                       "VENV= another folder")
+        assert stamp.read_text() == "stack=current\nabc\ndef\n" and "setup" not in done.stdout
 
 
 def test_run_sh_never_sets_up_into_an_environment_it_did_not_make(tmp_path):
