@@ -127,7 +127,7 @@ def blocked_loss(device, num_rows: int = 4096, candidates: int = 100_000, dim: i
     pairs = [(got, want), *zip(got_grads, want_grads, strict=True)]
     worst = max(float((a - b).detach().abs().max()) for a, b in pairs)
     ok = all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in pairs)
-    return {"ok": ok, "rows": num_rows, "candidates": candidates, "loss": float(got),
+    return {"ok": ok, "rows": num_rows, "candidates": candidates, "loss": float(got.detach()),
             "max_abs_difference": worst, "blocked_s": round(blocked_s, 4)}
 
 
