@@ -213,12 +213,20 @@ pipeline_spark() {
 # Elastic Horovod on one machine: two host names for it (scripts/local_hosts.sh), the loopback
 # interface, and a cooldown after which a failed worker's host is tried again (it rejoins).
 # On a cluster, point HOSTS_SCRIPT at a script that prints the live hosts.
+# The default host script names this machine twice, which Horovod takes for two hosts of one
+# rank each: each rank then took every core (2 ranks on 2 cores: 8x slower steps, measured), so
+# each gets its half here; a later dist.threads_per_rank=N of the command's wins.
 elastic() {
     need_horovod "elastic training"
+    local threads=()
+    if [[ -z ${HOSTS_SCRIPT:-} ]]; then
+        threads=("dist.threads_per_rank=$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))")
+    fi
     launched horovodrun -np 2 --min-np 1 --max-np 2 \
         --host-discovery-script "${HOSTS_SCRIPT:-$REPO/scripts/local_hosts.sh}" \
         --network-interface lo --blacklist-cooldown-range 10 60 --gloo \
-        "$VENV/bin/python" -m hvd_ctsm.train --elastic ${CONFIG:+--config "$CONFIG"} "$@"
+        "$VENV/bin/python" -m hvd_ctsm.train --elastic ${CONFIG:+--config "$CONFIG"} \
+        "${threads[@]}" "$@"
 }
 
 run_tests() {
