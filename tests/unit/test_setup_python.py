@@ -42,12 +42,16 @@ def machine_with(tmp_path: Path, versions: list[str]) -> str:
     return str(bin_dir)
 
 
+def stack_env(stack: str, venv: Path) -> dict:
+    """This environment for `stack` in `venv`, system packages skipped, no Python asked for."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "HVD_CTSM_BACKENDS")}
+    return env | {"HVD_CTSM_STACK": stack, "VENV": str(venv), "SKIP_APT": "1"}
+
+
 def setup(tmp_path: Path, stack: str, venv: Path, python: Path | None = None,
           path: str | None = None) -> subprocess.CompletedProcess:
     """scripts/install_stack.sh, system packages skipped; PYTHON unset unless `python`."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "HVD_CTSM_BACKENDS")}
-    env |= {"HVD_CTSM_STACK": stack, "VENV": str(venv), "SKIP_APT": "1",
-            "HVD_CTSM_CACHE": str(tmp_path / "cache")}
+    env = stack_env(stack, venv) | {"HVD_CTSM_CACHE": str(tmp_path / "cache")}
     env |= {"PYTHON": str(python)} if python else {}
     env |= {"PATH": path} if path else {}
     return subprocess.run([shutil.which("bash"), str(SCRIPT)], env=env, capture_output=True,
@@ -102,9 +106,8 @@ def test_unset_with_no_python_of_its_own_the_classic_stack_names_3_11(tmp_path):
 
 
 def run_sh(venv: Path, stack: str, step: str = "doctor") -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "HVD_CTSM_BACKENDS")}
-    env |= {"HVD_CTSM_STACK": stack, "VENV": str(venv), "SKIP_APT": "1"}
-    return subprocess.run([shutil.which("bash"), str(REPO / "run.sh"), step], env=env,
+    return subprocess.run([shutil.which("bash"), str(REPO / "run.sh"), step],
+                          env=stack_env(stack, venv),
                           capture_output=True, text=True, timeout=60)
 
 
