@@ -66,8 +66,11 @@ def test_a_killed_worker_leaves_the_other_training_and_its_host_rejoins(tiny_fea
     reference, out = tmp_path / "reference", tmp_path / "elastic"
     fl.run(fl.trainer_cmd(tiny_features, reference, *RUN))  # uninterrupted, one rank
     slow = 'debug.step_delay_s={"*": 0.3}'  # so that the kill lands mid-epoch
-    proc = fl.start(fl.trainer_cmd(tiny_features, out, *RUN, "--elastic", slow, fl.TRACKED,
-                                   launcher=LAUNCH),
+    # local_hosts.sh's two names are two hosts to Horovod, each rank alone on its "host": without
+    # a thread count each would take every core (./run.sh elastic sets half the cores likewise).
+    threads = "dist.threads_per_rank=1"
+    proc = fl.start(fl.trainer_cmd(tiny_features, out, *RUN, "--elastic", slow, threads,
+                                   fl.TRACKED, launcher=LAUNCH),
                     tmp_path / "elastic.log")
     events = out / "events.jsonl"
     fl.wait_for(lambda: [e for e in fl.read_jsonl(events) if e["event"] == "commit"
