@@ -167,7 +167,7 @@ def start_position(trainer: Trainer, checkpoints: CheckpointManager, resume: boo
     dist.broadcast_state(model, optimizer)
     position = dist.broadcast_object(position)
     scheduler.load_state_dict(dist.broadcast_object(scheduler.state_dict()))
-    if resume:
+    if resume and not nothing_left(trainer, position):  # a finished run keeps its own steps
         position = rebase_schedule(trainer, position)
     if len(position.get("rng", [])) == dist.size():  # same world size: continue each RNG
         torch.set_rng_state(position["rng"][dist.rank()])

@@ -116,6 +116,10 @@ def test_a_resume_of_a_run_that_stopped_early_trains_nothing(tiny_features, tmp_
     assert json.loads((run / "train_summary.json").read_text())["steps"] == stopped["steps"]
     assert "the run stopped early after epoch 3 (no better validation since epoch 1;" \
         in proc.stderr
+    proc = run_trainer(tiny_features, run, *still, "data.batch_size=8", "--resume")
+    assert json.loads((run / "train_summary.json").read_text())["steps"] == stopped["steps"]
+    assert "nothing left to train" in proc.stderr  # not first "epoch 4 starts at step 40 of 12"
+    assert "starts at step" not in proc.stderr, proc.stderr
     proc = run_trainer(tiny_features, run, *still, "early_stop_evals=3", "--resume")
     assert json.loads((run / "train_summary.json").read_text())["steps"] == \
         4 * stopped["steps_per_epoch"]  # a larger patience goes on, one more epoch here
