@@ -31,7 +31,7 @@ from hvd_ctsm.errors import (BAD_INPUT_ERRORS, EXIT_BAD_INPUT, EXIT_CRASH, arg_p
 from hvd_ctsm.files import outputs, storage
 from hvd_ctsm.files.storage import location
 from spark_jobs import attributes, sequences, split, validate, vocab, write
-from spark_jobs.config import FeatureConfig, parse_time
+from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP, FeatureConfig, parse_time
 from spark_jobs.sources import load_source
 
 PROG = "hvd-ctsm features"  # the name its one-line errors start with (also as hvd-ctsm-features)
@@ -291,8 +291,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--out", type=location, required=True,
                    help="output folder, or a URL (s3://...) to upload to")
-    p.add_argument("--split", choices=("time", "leave-last-out"), default="leave-last-out")
-    p.add_argument("--cutoffs", help="T1,T2 (unix seconds or ISO dates) for --split time")
+    p.add_argument("--split", choices=("time", "leave-last-out"), default="leave-last-out",
+                   help=SPLIT_HELP)
+    p.add_argument("--cutoffs", help=CUTOFFS_HELP)
     p.add_argument("--max-len", type=int, default=200, help="longest history (default 200)")
     p.add_argument(
         "--ties",
@@ -303,7 +304,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "results do: for comparing with them only; benchmarks/QUALITY.md)",
     )
     p.add_argument("--row-groups", type=int, default=64, help="least row groups per split")
-    p.add_argument("--label-min-rating", type=float, default=4.0)
+    p.add_argument("--label-min-rating", type=float, default=4.0,
+                   help="a rating at least this is a positive label for the p(sale) head, as a "
+                        "purchase is (default 4)")
     p.add_argument("--rating-range", default="0,5", help="valid ratings LOW,HIGH (default 0,5)")
     p.add_argument("--max-timestamp", help="latest valid timestamp (default: now + 1 day)")
     p.add_argument("--client-attrs", help="client attributes table (events: sources)")

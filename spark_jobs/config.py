@@ -11,6 +11,11 @@ SPLIT_KINDS = ("time", "leave-last-out")
 TIE_RULES = ("strict", "input-order")
 TABLE_KINDS = ("events", "table", "delta")  # sources of raw event rows (the canonical columns)
 SOURCE_KINDS = ("movielens", "synthetic", *TABLE_KINDS)
+SPLIT_HELP = ("leave-last-out (default): a client's last event is its test target, the one "
+              "before its validation target; time: by --cutoffs")
+CUTOFFS_HELP = ("T1,T2 (unix seconds or ISO dates) for --split time: training targets before "
+                "T1, a client's first event in [T1, T2) its validation target, its first at or "
+                "after T2 its test target")
 
 
 def parse_time(text: str | int | float) -> int:
@@ -97,7 +102,8 @@ class FeatureConfig:
             raise ValueError(f"split must be one of {SPLIT_KINDS}, got {self.split!r}")
         if self.split == "time":
             if not self.cutoffs or len(self.cutoffs) != 2:
-                raise ValueError("split='time' needs cutoffs=(T1, T2)")
+                raise ValueError("split='time' needs cutoffs=(T1, T2) (on the command line: "
+                                 "--cutoffs T1,T2, unix seconds or ISO dates)")
             t1, t2 = (parse_time(t) for t in self.cutoffs)
             if not t1 < t2:
                 raise ValueError(f"cutoffs must increase: {t1} >= {t2}")

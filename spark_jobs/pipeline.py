@@ -23,6 +23,7 @@ from pathlib import Path
 from hvd_ctsm.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, exit_code_for,
                              run_cli)
 from hvd_ctsm.files.storage import location
+from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP
 
 PROG = "hvd-ctsm pipeline"  # the name its one-line errors start with
 
@@ -50,7 +51,9 @@ class PipelineConfig:
     warm_start: bool = False
     """Start training from the deployed model's weights (when there is one)."""
     split: str = "leave-last-out"
-    """Feature job split kind."""
+    """Feature job split: `leave-last-out` or `time` (with `cutoffs`)."""
+    cutoffs: tuple[str | int, str | int] | None = None
+    """(T1, T2), unix seconds or ISO dates, for `split="time"` (spark_jobs.config.FeatureConfig)."""
     max_len: int = 200
     """Feature job history length."""
     row_groups: int = 64
@@ -67,9 +70,19 @@ class PipelineConfig:
 
         if not parse_gate(self.gate):
             raise ValueError("gate must name at least one rule, e.g. 'ndcg@10>=0.05'")
-        # The trainer's config, typed, before the feature step runs (a ConfigError is a
+        # The feature job's and the trainer's configs, before Spark starts (a ConfigError is a
         # ValueError).
+        self.features(Path(self.work) / "features")
         load_config(self.config, list(self.train_args))
+
+    def features(self, out: Path, previous_vocab: Path | None = None):
+        """The feature step's FeatureConfig (validated on construction)."""
+        from spark_jobs.config import FeatureConfig
+
+        return FeatureConfig(
+            source=self.source, out=str(out), split=self.split, cutoffs=self.cutoffs,
+            max_len=self.max_len, row_groups=self.row_groups, overwrite=True,
+            previous_vocab=str(previous_vocab) if previous_vocab else None)
 
 
 class StepFailed(RuntimeError):
@@ -114,12 +127,8 @@ class Steps:
 
 def _features(spark, cfg: PipelineConfig, out: Path, previous_vocab: Path | None) -> dict:
     from spark_jobs.build_features import build_features
-    from spark_jobs.config import FeatureConfig
 
-    return build_features(spark, FeatureConfig(
-        source=cfg.source, out=str(out), split=cfg.split, max_len=cfg.max_len,
-        row_groups=cfg.row_groups, overwrite=True,
-        previous_vocab=str(previous_vocab) if previous_vocab else None))
+    return build_features(spark, cfg.features(out, previous_vocab))
 
 
 def _backtest(data: Path, model: Path, report: Path, gate: str) -> bool:
@@ -171,7 +180,9 @@ def parse_args(argv=None):
     p.add_argument("--num-proc", type=int, default=2, help="Horovod ranks (Spark tasks)")
     p.add_argument("--config", default="default", help="trainer preset or YAML")
     p.add_argument("--warm-start", action="store_true", help="start from the deployed model")
-    p.add_argument("--split", default="leave-last-out", choices=("time", "leave-last-out"))
+    p.add_argument("--split", default="leave-last-out", choices=("time", "leave-last-out"),
+                   help=SPLIT_HELP)
+    p.add_argument("--cutoffs", help=CUTOFFS_HELP)
     p.add_argument("--max-len", type=int, default=200)
     p.add_argument("--row-groups", type=int, default=64)
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[NUM_PROC])")
@@ -185,7 +196,8 @@ def main(argv=None) -> int:
         cfg = PipelineConfig(source=args.source, work=args.work, registry=args.registry,
                              gate=args.gate, num_proc=args.num_proc, config=args.config,
                              train_args=args.train_args, warm_start=args.warm_start,
-                             split=args.split, max_len=args.max_len, row_groups=args.row_groups)
+                             split=args.split, max_len=args.max_len, row_groups=args.row_groups,
+                             cutoffs=tuple(args.cutoffs.split(",")) if args.cutoffs else None)
     except ValueError as exc:
         print(f"{PROG}: bad arguments: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -39,13 +39,15 @@ def test_pipeline_deploys_then_a_refusing_gate_deploys_nothing(tmp_path):
     assert [s["step"] for s in record["steps"]] == ["features", "train", "backtest", "deploy"]
     assert all(s["outcome"] == "ok" for s in record["steps"])
 
-    # The retrain extends the deployed vocabulary, warm-starts from the deployed model, and an
-    # impossible gate stops it: non-zero exit, the registry unchanged.
-    second = submit(tmp_path / "run2", registry, "ndcg@10>=1.01", "--warm-start")
+    # The retrain extends the deployed vocabulary, warm-starts from the deployed model, splits
+    # by time, and an impossible gate stops it: non-zero exit, the registry unchanged.
+    second = submit(tmp_path / "run2", registry, "ndcg@10>=1.01", "--warm-start",
+                    "--split", "time", "--cutoffs", "2021-07-01,2021-10-01")
     assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]
     assert deploy.current(registry) == version and len(list(registry.glob("v*"))) == 1
     meta = json.loads((tmp_path / "run2" / "features" / "metadata.json").read_text())
     assert meta["previous_vocab"] == str(version / "vocab.json")
+    assert meta["split"] == {"kind": "time", "cutoffs": [1625097600, 1633046400]}
     old_items = json.loads((version / "vocab.json").read_text())["items"]
     new_items = json.loads((tmp_path / "run2" / "features" / "vocab.json").read_text())["items"]
     assert new_items[:len(old_items)] == old_items

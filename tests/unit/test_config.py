@@ -121,6 +121,21 @@ def test_the_spark_pipeline_refuses_a_bad_trainer_value_before_any_step(tmp_path
     assert not (tmp_path / "work").exists()  # no Spark, no feature step, no worker
 
 
+def test_the_spark_pipeline_takes_a_time_split_and_refuses_one_without_cutoffs(tmp_path, capsys):
+    """Before, the pipeline had --split time but no --cutoffs: its feature step always failed."""
+    from spark_jobs import pipeline
+
+    args = ["--source", "synthetic:clients=10", "--work", str(tmp_path / "work"),
+            "--registry", str(tmp_path / "registry"), "--split", "time"]
+    assert pipeline.main(args) == EXIT_BAD_INPUT
+    assert "--cutoffs T1,T2" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists()
+    parsed = pipeline.parse_args([*args, "--cutoffs", "2021-07-01,1633046400"])
+    cfg = pipeline.PipelineConfig(source=parsed.source, work=parsed.work, registry=parsed.registry,
+                                  split=parsed.split, cutoffs=tuple(parsed.cutoffs.split(",")))
+    assert cfg.features(tmp_path / "f").cutoffs == (1625097600, 1633046400)
+
+
 def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path, capsys):
     import yaml
 
