@@ -1,5 +1,7 @@
-"""The whole chain in one Spark application: features -> train (horovod.spark) -> backtest -> gate
--> deploy.
+"""The whole chain in one Spark application: features, training, backtest, gate and deploy.
+
+features -> train (horovod.spark, or TorchDistributor without Horovod) -> backtest -> gate ->
+deploy:
 
     spark-submit --master 'local[2]' spark_jobs/pipeline.py --source SRC --work DIR \
         --registry REGISTRY --gate 'ndcg@10>=0.05' [--num-proc 2] [--warm-start]
@@ -173,18 +175,22 @@ def run_pipeline(spark, cfg: PipelineConfig) -> int:
 
 def parse_args(argv=None):
     p = arg_parser(PROG, __doc__.splitlines()[0])
-    p.add_argument("--source", required=True, help="movielens:DIR, synthetic:k=v,.. or events:PATH")
+    p.add_argument("--source", required=True,
+                   help="the events (hvd-ctsm features --help): movielens:DIR, "
+                        "synthetic:k=v,..., events:PATH, table:NAME or delta:PATH")
     p.add_argument("--work", type=location, required=True, help="folder for this run's outputs")
     p.add_argument("--registry", type=location, required=True, help="model registry folder")
-    p.add_argument("--gate", default=PipelineConfig.gate, help="deploy gate")
-    p.add_argument("--num-proc", type=int, default=2, help="Horovod ranks (Spark tasks)")
+    p.add_argument("--gate", default=PipelineConfig.gate, help="deploy gate (default %(default)s)")
+    p.add_argument("--num-proc", type=int, default=2,
+                   help="training ranks, one Spark task each (default 2)")
     p.add_argument("--config", default="default", help="trainer preset or YAML")
     p.add_argument("--warm-start", action="store_true", help="start from the deployed model")
     p.add_argument("--split", default="leave-last-out", choices=("time", "leave-last-out"),
                    help=SPLIT_HELP)
     p.add_argument("--cutoffs", help=CUTOFFS_HELP)
-    p.add_argument("--max-len", type=int, default=200)
-    p.add_argument("--row-groups", type=int, default=64)
+    p.add_argument("--max-len", type=int, default=200, help="longest history (default 200)")
+    p.add_argument("--row-groups", type=int, default=64,
+                   help="least row groups per split (default 64; at least --num-proc)")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[NUM_PROC])")
     p.add_argument("train_args", nargs="*", help="trainer overrides, e.g. epochs=3 model.dim=32")
     return p.parse_intermixed_args(argv)
