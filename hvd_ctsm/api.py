@@ -54,9 +54,11 @@ def backtest_model(data: str, model: str, gate: str = "", report: str | None = N
     """Offline evaluation against popularity, with the gate applied when one is given
     (report['gate']['passed']); written to `report` (JSON) when a path is given."""
     from hvd_ctsm.evaluation.backtest import run_backtest
-    from hvd_ctsm.evaluation.gate import decide, parse_gate
+    from hvd_ctsm.evaluation.gate import check_report_path, decide, parse_gate
 
     rules = parse_gate(gate)
+    if report:  # before the work: only an earlier report may be replaced
+        check_report_path(location(str(report)))
     result = run_backtest(location(str(data)), location(str(model)), split)
     decide(result, rules, None, 0.0, report and location(str(report)), "backtest", echo=False)
     return result

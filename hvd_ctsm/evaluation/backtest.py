@@ -27,6 +27,8 @@ from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import load_model, model_file
 from hvd_ctsm.progress import with_progress
 
+EVALUATED_SPLITS = ("test", "validation")  # the serving split has no targets
+
 
 def split_batches(dataset: Dataset, split: str, what: str) -> Iterator[dict]:
     """The split's evaluation batches (256 clients each), with progress lines."""
@@ -50,6 +52,8 @@ def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
                  baseline: str | None = None) -> dict:
     """The model against popularity (and, given `baseline`, another trained model such as the
     SASRec-style `--config sasrec` run) on the same targets and sampled negatives."""
+    if split not in EVALUATED_SPLITS:
+        raise ValueError(f"split must be one of {', '.join(EVALUATED_SPLITS)}, got {split!r}")
     t0 = time.perf_counter()
     dataset = Dataset.open(data)
     for name in ("train", split):  # a damaged or incomplete dataset stops before the model loads
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=location, required=True, help="feature job output folder")
     p.add_argument("--model", type=location, required=True, help="run folder or model.pt")
     p.add_argument("--report", type=location, required=True, help="where the JSON report goes")
-    p.add_argument("--split", default="test", choices=["test", "validation"])
+    p.add_argument("--split", default="test", choices=EVALUATED_SPLITS)
     p.add_argument("--gate", default="", help=gate.GATE_HELP)
     p.add_argument("--champion", help=gate.CHAMPION_HELP)
     p.add_argument("--tolerance", type=float, default=0.005, help="allowed NDCG@10 drop")

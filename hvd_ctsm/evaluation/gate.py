@@ -108,7 +108,7 @@ def check_report_path(path: str | Path) -> None:
         earlier = None
     if not (isinstance(earlier, dict) and {"model", "gate"} <= earlier.keys()):
         raise ValueError(f"refusing to replace {path}: it is not a backtest report; pick "
-                         "another --report")
+                         "another report path (--report)")
 
 
 def decide(report: dict, rules, champion: dict | None, tolerance: float,
@@ -119,6 +119,7 @@ def decide(report: dict, rules, champion: dict | None, tolerance: float,
     report["gate"] = apply_gate(report["model"], rules, champion, tolerance) \
         if (rules or champion) else {"passed": None, "checks": []}
     if path:
+        check_report_path(path)  # every caller's: the API's too, which once replaced any file
         atomic_write_bytes(Path(path), json.dumps(report, indent=2).encode())
         tracking.log_report(model_file(report.get("model_path", ".")).parent, str(path), report,
                             step)

@@ -81,3 +81,21 @@ def test_a_report_replaces_only_a_report(tmp_path):
     assert notes.read_text() == '{"my": "notes"}'
     gate.check_report_path(tmp_path / "new.json")  # absent: fine
     gate.check_report_path(write_report(tmp_path / "earlier.json"))  # an earlier report: fine
+
+
+def test_the_notebook_backtest_replaces_only_a_report_and_names_the_splits(tmp_path):
+    """backtest_model(report=...) wrote over any file, a dataset's metadata.json included, which
+    left the dataset unreadable; decide() itself now refuses such a path too."""
+    from hvd_ctsm.api import backtest_model
+    from hvd_ctsm.evaluation.backtest import run_backtest
+
+    metadata = tmp_path / "metadata.json"
+    metadata.write_text('{"schema_version": 1}')
+    with pytest.raises(ValueError, match="it is not a backtest report"):
+        backtest_model(tmp_path / "no-data", tmp_path / "no-model", report=metadata)
+    report = {"model": {"full": {"ndcg@10": 0.1}}}
+    with pytest.raises(ValueError, match="it is not a backtest report"):
+        gate.decide(report, [], None, 0.0, metadata, "backtest", echo=False)
+    assert metadata.read_text() == '{"schema_version": 1}'
+    with pytest.raises(ValueError, match="split must be one of test, validation, got 'serving'"):
+        run_backtest(tmp_path / "no-data", tmp_path / "no-model", "serving")
