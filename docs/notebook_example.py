@@ -21,15 +21,17 @@ from hvd_ctsm.api import backtest_model, make_features, score_clients, train_mod
 
 if __name__ == "__main__":  # as a script: parse the options a notebook would hard-code
     parser = argparse.ArgumentParser(description="the notebook API on synthetic data")
-    parser.add_argument("--work", default=tempfile.mkdtemp(prefix="ctsm-notebook-"))
+    parser.add_argument("--work", help="the outputs' folder (default: a new temporary one)")
     parser.add_argument("--num-proc", type=int, default=2)
     parser.add_argument("--master", help="a cluster's master (default: local[NUM_PROC])")
     parser.add_argument("--features", help="an existing feature dataset (skips step 1)")
     options = parser.parse_args()
-    WORK, NUM_PROC, MASTER = Path(options.work), options.num_proc, options.master
+    WORK = Path(options.work or tempfile.mkdtemp(prefix="ctsm-notebook-"))
+    NUM_PROC, MASTER = options.num_proc, options.master
     FEATURES = options.features
 else:  # run by a test or %run with WORK (and maybe spark) already set
-    WORK, NUM_PROC = Path(globals().get("WORK", tempfile.mkdtemp())), globals().get("NUM_PROC", 2)
+    WORK = Path(globals().get("WORK") or tempfile.mkdtemp(prefix="ctsm-notebook-"))
+    NUM_PROC = globals().get("NUM_PROC", 2)
     MASTER, FEATURES = globals().get("MASTER"), globals().get("FEATURES")
 
 if globals().get("spark") is None:  # a notebook has its own; a script starts one
@@ -50,7 +52,8 @@ print("examples per split:", {k: v["rows"] for k, v in meta["splits"].items()})
 # horovod.spark where Horovod is installed, else TorchDistributor (dist.backend=auto)
 summary = train_model(spark, DATA, WORK / "run", num_proc=NUM_PROC, epochs=1,
                       overrides=["data.batch_size=16", "model.dim=16", "model.layers=1",
-                                 "progress=false", "dist.threads_per_rank=1"])
+                                 "progress=false", "dist.threads_per_rank=1"],
+                      overwrite=True)  # this example's own run; resume=True would go on
 print("steps:", summary["steps"], "ranks:", summary["ranks"])
 
 # %% 3. Backtest on held-out time, against popularity, with a gate

@@ -28,24 +28,33 @@ def make_features(spark, source: str, out: str, **options) -> dict:
     return run(spark, FeatureConfig(source=source, out=location(str(out)), **options))
 
 
-def train_model(spark, data: str, out: str, num_proc: int = 2, config: str = "default",
+def train_model(spark, data: str, out: str, num_proc: int = 2, config: str | None = None,
                 epochs: int | None = None, overrides: list[str] | tuple = (),
-                init_from: str | None = None, overwrite: bool = True) -> dict:
+                init_from: str | None = None, overwrite: bool = False,
+                resume: bool = False) -> dict:
     """Train on `num_proc` tasks of `spark` (horovod.spark where Horovod is installed, else
     TorchDistributor: dist.backend=auto); returns train_summary.json.
 
+    config: a preset or YAML (default: 'default'; with resume, the run's own config.yaml);
     overrides: trainer settings as 'section.field=value' (e.g. 'model.dim=32');
-    init_from: a model.pt (or registry version) to warm-start from."""
+    init_from: a model.pt (or registry version) to warm-start from;
+    overwrite: start afresh in a run folder this project wrote (--overwrite); resume: go on from
+    its latest checkpoint (--resume). A folder holding a run is refused without one of them."""
     from hvd_ctsm.config import load_config
     from hvd_ctsm.serving.score import resolve_model
     from hvd_ctsm.train.launch import LaunchOptions
+    from hvd_ctsm.train.run_folder import resumed_settings
     from hvd_ctsm.train.spark_train import train_on_spark
 
     epochs_override = [] if epochs is None else [f"epochs={epochs}"]
-    cfg = load_config(config, [*overrides, f"data.path={location(str(data))}",
-                               f"out={location(str(out))}", *epochs_override])
+    settings = [*overrides, f"data.path={location(str(data))}", f"out={location(str(out))}",
+                *epochs_override]
+    cfg = load_config(config or "default", settings)
+    saved = resumed_settings(cfg) if resume and config is None else None
+    if saved:  # as --resume: the run as it was set up, these overrides on top
+        cfg = load_config(str(saved), settings)
     warm = str(resolve_model(location(str(init_from)))) if init_from else None
-    options = LaunchOptions(overwrite=overwrite, init_from=warm)
+    options = LaunchOptions(resume=resume, overwrite=overwrite, init_from=warm)
     return train_on_spark(cfg, num_proc=num_proc, spark=spark, options=options)
 
 

@@ -14,6 +14,7 @@ would make first, so a launcher is never started for a run that cannot begin.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from dataclasses import dataclass
@@ -44,13 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     """The command line (the only place it is parsed) -> run(cfg, options)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        cfg, args = config_from_argv(argv)
-        saved = resumed_settings(cfg) if args.resume and not args.config else None
-        if saved:  # --resume continues the run as it was set up, this command's overrides on top
-            cfg, args = config_from_argv([*argv, "--config", str(saved)])
-            if dist.launch_rank() == 0 and not args.check:  # once: run.sh checks first
-                print(f"--resume: the settings of {saved}, with this command's overrides",
-                      file=sys.stderr)
+        cfg, args, saved = parse_command(argv)
+        if saved and dist.launch_rank() == 0 and not args.check:  # once: run.sh checks first
+            print(f"--resume: the settings of {saved}, with this command's overrides",
+                  file=sys.stderr)
     except ConfigError as exc:  # stops here, before any worker starts
         raise SystemExit(f"error: {exc}") from exc
     if args.print_config:
@@ -59,6 +57,29 @@ def main(argv: list[str] | None = None) -> int:
     return run(cfg, LaunchOptions(resume=args.resume, overwrite=args.overwrite,
                                   init_from=args.init_from, elastic=args.elastic,
                                   check=args.check))
+
+
+def parse_command(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace, Path | None]:
+    """(config, flags, the config.yaml it resumes from): --resume without --config continues
+    the run as it was set up, with argv's overrides on top."""
+    cfg, args = config_from_argv(argv)
+    saved = resumed_settings(cfg) if args.resume and not args.config else None
+    if saved:
+        cfg, args = config_from_argv([*argv, "--config", str(saved)])
+    return cfg, args, saved
+
+
+def check_run_folder(cfg: TrainConfig, options: LaunchOptions, resume: bool,
+                     remove: bool = True) -> None:
+    """The run folder may take this run, the run it resumes is the same model and a warm start
+    the same architecture (SystemExit naming the fix otherwise); with `remove`, --overwrite
+    empties the folder. Made by the first rank, and by a Spark driver before its tasks start."""
+    if not options.elastic or dist.launch_rank() == 0:
+        check_out_folder(Path(cfg.out), resume, options.overwrite, cfg.data.path, remove=remove)
+        if resume:
+            check_resume_matches(Path(cfg.out), cfg)
+    if options.init_from:
+        check_warm_start_matches(options.init_from, cfg)
 
 
 def run(cfg: TrainConfig, options: LaunchOptions | None = None) -> int:
@@ -77,13 +98,7 @@ def run(cfg: TrainConfig, options: LaunchOptions | None = None) -> int:
     resume = options.resume or dist.restarted_by_launcher()
     # An elastic job starts workers later too (replacements, rejoins): only the first rank 0
     # checks the run folder; the others join whatever run it holds.
-    if not options.elastic or dist.launch_rank() == 0:
-        check_out_folder(Path(cfg.out), resume, options.overwrite, cfg.data.path,
-                         remove=not options.check)
-        if resume:
-            check_resume_matches(Path(cfg.out), cfg)
-    if options.init_from:
-        check_warm_start_matches(options.init_from, cfg)
+    check_run_folder(cfg, options, resume, remove=not options.check)
     if options.check:
         read_metadata(cfg.data.path)  # the dataset: there, complete, of a version we read
         print(f"ok: {cfg.data.path} -> {cfg.out}")

@@ -23,9 +23,9 @@ import os
 import time
 from pathlib import Path
 
-from hvd_ctsm.config import ConfigError, TrainConfig, config_from_argv
+from hvd_ctsm.config import ConfigError, TrainConfig
 from hvd_ctsm.data.batches import read_metadata, shard_rows, split_url
-from hvd_ctsm.train.launch import LaunchOptions
+from hvd_ctsm.train.launch import LaunchOptions, check_run_folder, parse_command
 
 
 class SparkTrainingError(RuntimeError):
@@ -58,8 +58,8 @@ def typed_config(cfg: TrainConfig | list[str], options: LaunchOptions | None
     config) is parsed as the CLI parses it. A bad value stops here, before any task starts."""
     if not isinstance(cfg, (list, tuple)):
         return cfg, options or LaunchOptions()
-    try:
-        parsed, args = config_from_argv(list(cfg))
+    try:  # as the command line: --resume without --config takes the run's own settings
+        parsed, args, _ = parse_command(list(cfg))
     except ConfigError as exc:
         raise SparkTrainingError(str(exc)) from exc
     return parsed, options or LaunchOptions(resume=args.resume, overwrite=args.overwrite,
@@ -144,6 +144,10 @@ def train_on_spark(cfg: TrainConfig | list[str], num_proc: int = 2, spark=None,
         raise SparkTrainingError(f"num_proc must be >= 1, got {num_proc}")
     cfg, options = typed_config(cfg, options)
     check_dataset(cfg.data.path, num_proc)
+    try:  # on the driver: a refused run folder was a failed rank's line in a Spark trace
+        check_run_folder(cfg, options, options.resume, remove=False)
+    except SystemExit as exc:
+        raise SparkTrainingError(str(exc).removeprefix("error: ")) from None
     if spark is None:
         from hvd_ctsm.spark_session import get_spark
 

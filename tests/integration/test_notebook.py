@@ -24,3 +24,27 @@ def test_notebook_example_runs_every_step(spark, tmp_path):
     assert result["scored"]["scored_clients"] == result["scored"]["clients"] == clients
     table = pq.read_table(tmp_path / "scores")
     assert table.num_rows == result["scored"]["rows"] > 0
+
+
+def test_a_notebook_run_is_refused_on_the_driver_and_resumes_with_its_own_settings(spark,
+                                                                                    tmp_path):
+    """Re-running the training cell replaced the run (overwrite was the default); a refused run
+    folder was a failed rank inside a Spark trace; and the API could not resume."""
+    from hvd_ctsm.api import make_features, train_model
+    from hvd_ctsm.train.spark_train import SparkTrainingError
+
+    data, run = tmp_path / "features", tmp_path / "run"
+    make_features(spark, "synthetic:clients=120,items=40,events=3000,seed=5", data, max_len=30,
+                  row_groups=4)
+    small = ["data.batch_size=16", "model.dim=16", "model.layers=1", "progress=false",
+             "dist.threads_per_rank=1", "tracking.enabled=false"]
+    first = train_model(spark, data, run, epochs=1, overrides=small)
+    for out in (run, data, data / "run"):  # a run; the dataset; a folder inside it
+        with pytest.raises(SparkTrainingError) as err:
+            train_model(spark, data, out, epochs=1, overrides=small)
+        assert "\n" not in str(err.value) and ("already holds a run" in str(err.value)
+                                               or "lies inside the input" in str(err.value))
+    assert not (data / "run").exists()
+    # The run's own config.yaml (model.dim=16): the defaults' model would be refused as another
+    resumed = train_model(spark, data, run, epochs=2, resume=True)
+    assert resumed["steps"] == 2 * first["steps_per_epoch"]
