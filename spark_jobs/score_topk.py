@@ -100,10 +100,23 @@ def _score_table(spark, dataset, path: Path, url: str, table: str, k: int,
     items = vocab_items(dataset, load_state(path))
     check_executors(spark)
     mode = "overwrite" if overwrite else "errorifexists"
+
+    def save(scores) -> None:
+        try:
+            scores.write.saveAsTable(table, mode=mode)
+        except Exception as exc:
+            if "LOCATION_ALREADY_EXISTS" not in str(exc):
+                raise
+            # A catalog that forgets its tables when the application ends (Spark's local
+            # default, in-memory) leaves their folders behind; the folder is not ours to remove.
+            raise ScoringError(
+                f"table {table}: the catalog has no such table but its folder exists (left by "
+                "an earlier application whose catalog did not keep the table: Spark's in-memory "
+                "default); remove that folder if it is disposable, name another table, or use a "
+                "session with a persistent metastore (Hive support, Unity Catalog)") from None
+
     with job_settings(spark):
-        summary = _score_into(spark, url, path, items, k,
-                              lambda scores: scores.write.saveAsTable(table, mode=mode),
-                              lambda: spark.table(table))
+        summary = _score_into(spark, url, path, items, k, save, lambda: spark.table(table))
     return summary | {"table": table}
 
 
