@@ -119,7 +119,6 @@ def decide(report: dict, rules, champion: dict | None, tolerance: float,
     report["gate"] = apply_gate(report["model"], rules, champion, tolerance) \
         if (rules or champion) else {"passed": None, "checks": []}
     if path:
-        check_report_path(path)  # every caller's: the API's too, which once replaced any file
         atomic_write_bytes(Path(path), json.dumps(report, indent=2).encode())
         tracking.log_report(model_file(report.get("model_path", ".")).parent, str(path), report,
                             step)
