@@ -44,9 +44,12 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if argv and argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
+    if not argv:  # no step: a script that lost its argument should not pass
+        print(f"hvd-ctsm: name a step\n\n{usage()}", file=sys.stderr)
+        return 2
     if argv[0] in ("-V", "--version"):
         print(f"hvd-ctsm {version()}")
         return 0

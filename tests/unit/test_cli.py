@@ -26,6 +26,8 @@ def test_an_unknown_step_is_refused_naming_the_steps(capsys):
     assert cli.main(["trian"]) == 2
     err = capsys.readouterr().err
     assert "unknown step 'trian'" in err and "features, train, backtest" in err
+    assert cli.main([]) == 2  # no step: bad arguments (it printed the usage and exited 0)
+    assert "name a step" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("step", [s for s in STEPS if s != "bench"])
