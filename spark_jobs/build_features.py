@@ -325,7 +325,7 @@ def config_from_args(args) -> FeatureConfig:
         source=args.source,
         out=args.out,
         split=args.split,
-        cutoffs=tuple(args.cutoffs.split(",")) if args.cutoffs else None,
+        cutoffs=args.cutoffs,
         max_len=args.max_len,
         ties=args.ties,
         row_groups=args.row_groups,

@@ -52,8 +52,9 @@ class FeatureConfig:
     to; a URL must not exist yet."""
     split: str = "leave-last-out"
     """`leave-last-out` (last event per client = test, the one before = validation) or `time`."""
-    cutoffs: tuple[int, int] | None = None
-    """(T1, T2) unix seconds for `split="time"`: train targets < T1 <= validation < T2 <= test."""
+    cutoffs: tuple[int, int] | str | None = None
+    """(T1, T2) for `split="time"`, unix seconds or ISO dates (or "T1,T2"): train targets < T1 <=
+    validation < T2 <= test."""
     max_len: int = 200
     """Longest history of one example (L)."""
     ties: str = "strict"
@@ -100,6 +101,8 @@ class FeatureConfig:
             raise ValueError("out must name a folder")
         if self.split not in SPLIT_KINDS:
             raise ValueError(f"split must be one of {SPLIT_KINDS}, got {self.split!r}")
+        if isinstance(self.cutoffs, str):  # "T1,T2", as --cutoffs takes them
+            self.cutoffs = tuple(self.cutoffs.split(","))
         if self.split == "time":
             if not self.cutoffs or len(self.cutoffs) != 2:
                 raise ValueError("split='time' needs cutoffs=(T1, T2) (on the command line: "

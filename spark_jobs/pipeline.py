@@ -54,8 +54,8 @@ class PipelineConfig:
     """Start training from the deployed model's weights (when there is one)."""
     split: str = "leave-last-out"
     """Feature job split: `leave-last-out` or `time` (with `cutoffs`)."""
-    cutoffs: tuple[str | int, str | int] | None = None
-    """(T1, T2), unix seconds or ISO dates, for `split="time"` (spark_jobs.config.FeatureConfig)."""
+    cutoffs: tuple[str | int, str | int] | str | None = None
+    """(T1, T2) or "T1,T2", unix seconds or ISO dates, for `split="time"` (FeatureConfig's)."""
     max_len: int = 200
     """Feature job history length."""
     row_groups: int = 64
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
                              gate=args.gate, num_proc=args.num_proc, config=args.config,
                              train_args=args.train_args, warm_start=args.warm_start,
                              split=args.split, max_len=args.max_len, row_groups=args.row_groups,
-                             cutoffs=tuple(args.cutoffs.split(",")) if args.cutoffs else None)
+                             cutoffs=args.cutoffs)
     except ValueError as exc:
         print(f"{PROG}: bad arguments: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,5 +1,6 @@
-"""Batch scoring on Spark: the top-K items for every client, written as a Parquet folder or a
-table of the session's catalog.
+"""Batch scoring on Spark: the top-K items for every client, into a Parquet folder or a table.
+
+The scores go into a Parquet folder or a table of the session's catalog.
 
     spark-submit spark_jobs/score_topk.py --data FEATURES --model REGISTRY --out SCORES --k 10
     spark-submit spark_jobs/score_topk.py --data FEATURES --model models:/ctsm@champion ...

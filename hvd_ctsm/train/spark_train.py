@@ -162,7 +162,8 @@ def train_on_spark(cfg: TrainConfig | list[str], num_proc: int = 2, spark=None,
     env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     from hvd_ctsm import distributed
     try:
-        if backend == "torch":  # TorchDistributor returns rank 0's result only
+        if backend == "torch":  # TorchDistributor returns one rank's result: rank 0's task's, or
+            # in local_mode the last torchrun worker's to write it (they share one file)
             results = [distributed.torch_spark_run(_train_rank, (cfg, options, env), num_proc,
                                                    local_mode=local_mode, use_gpu=use_gpu)]
         else:

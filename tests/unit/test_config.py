@@ -132,7 +132,7 @@ def test_the_spark_pipeline_takes_a_time_split_and_refuses_one_without_cutoffs(t
     assert not (tmp_path / "work").exists()
     parsed = pipeline.parse_args([*args, "--cutoffs", "2021-07-01,1633046400"])
     cfg = pipeline.PipelineConfig(source=parsed.source, work=parsed.work, registry=parsed.registry,
-                                  split=parsed.split, cutoffs=tuple(parsed.cutoffs.split(",")))
+                                  split=parsed.split, cutoffs=parsed.cutoffs)
     assert cfg.features(tmp_path / "f").cutoffs == (1625097600, 1633046400)
 
 

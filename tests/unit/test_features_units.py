@@ -184,9 +184,12 @@ def test_config_validation_and_time_parsing():
         source="movielens:x", out="o", split="time", cutoffs=("1970-01-02", "200000")
     )
     assert cfg.cutoffs == (86400, 200000)
+    assert FeatureConfig(source="movielens:x", out="o", split="time",  # as --cutoffs takes them
+                         cutoffs="1970-01-02,200000").cutoffs == (86400, 200000)
     for bad in (
         dict(split="time"),
         dict(split="time", cutoffs=(5, 3)),
+        dict(split="time", cutoffs="1970-01-02"),
         dict(split="random"),
         dict(max_len=0),
         dict(row_groups=0),
