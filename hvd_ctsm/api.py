@@ -77,7 +77,9 @@ def score_clients(spark, data: str, model: str, out: str, k: int = 10,
                   overwrite: bool = False, tracking_uri: str = "") -> dict:
     """Top-K unseen items per client as Parquet: on the cluster with a SparkSession (a folder),
     in this process with spark=None (one file). `model`: registry, run folder, model.pt or
-    models:/NAME@ALIAS (from `tracking_uri`, else MLFLOW_TRACKING_URI, else DATA/../mlflow)."""
+    models:/NAME@ALIAS (from `tracking_uri`, else MLFLOW_TRACKING_URI, else DATA/../mlflow).
+    overwrite: the Spark route's, for a scores folder or table that exists; the one file of
+    spark=None replaces an earlier scores file (as `hvd-ctsm score` does), never another file."""
     data, model, out = (location(str(x)) for x in (data, model, out))
     if spark is None:
         from hvd_ctsm.serving.score import score_dataset
