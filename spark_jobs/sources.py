@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from hvd_ctsm.files import storage
@@ -249,8 +249,35 @@ def client_attrs_table(spark, path: str) -> DataFrame:
         raise SchemaError("client attributes: no attribute columns besides client_id, timestamp")
     ts = F.col("timestamp")
     if dict(df.dtypes)["timestamp"] == "string":  # unix seconds or ISO dates
-        ts = F.coalesce(ts.cast("double").cast("long"), F.to_timestamp(ts).cast("long"))
+        text = F.trim(ts)
+        ts = F.coalesce(text.cast("double").cast("long"), F.to_timestamp(text).cast("long"))
+        check_attr_times(df.withColumn("parsed", ts), F.length(text) > 0)
     return wide_to_long(df.withColumn("timestamp", ts.cast("long")), names)
+
+
+def check_attr_times(df: DataFrame, given: Column) -> None:
+    """A timestamp that is there but unreadable would read as null, "known from the start": the
+    attribute would be history for events before it (future information). Refused instead."""
+    bad = df.filter(given & F.col("parsed").isNull())
+    count = bad.count()
+    if count:
+        first = bad.select("client_id", "timestamp").first()
+        raise SchemaError(
+            f"client attributes: {count:,} row{'s' * (count != 1)} with a timestamp that is "
+            f"neither unix seconds nor an ISO date, e.g. {first['timestamp']!r} for client "
+            f"{first['client_id']!r}: fix or remove them (an empty timestamp means known from "
+            "the start)")
+
+
+def check_unique_items(df: DataFrame) -> None:
+    """One row an item: with two, which category won would be up to Spark's order."""
+    repeated = df.groupBy("item_id").count().filter("count > 1")
+    count = repeated.count()
+    if count:
+        first = repeated.first()
+        raise SchemaError(
+            f"item attributes: {count:,} item_id{'s' * (count != 1)} on more than one row, e.g. "
+            f"{first['item_id']!r} on {first['count']}: keep one row an item")
 
 
 def item_attrs_table(spark, path: str) -> DataFrame:
@@ -258,6 +285,7 @@ def item_attrs_table(spark, path: str) -> DataFrame:
     for column in ("item_id", "category"):
         if column not in df.columns:
             raise SchemaError(f"item attributes: missing column {column!r} (has: {df.columns})")
+    check_unique_items(df.withColumn("item_id", F.col("item_id").cast("string")))
     genres = (
         F.col("genres").cast("string") if "genres" in df.columns else F.lit(None).cast("string")
     )

@@ -103,3 +103,23 @@ def test_types_spark_reads_as_one_are_not_refused(tmp_path):
     pq.write_table(pa.table({"x": pa.array(["c"], pa.large_string())}), tmp_path / "b.parquet")
     (tmp_path / "_SUCCESS").write_text("")  # hidden from Spark, not a Parquet file
     check_same_types(tmp_path)  # string, dictionary<string> and large_string: all Spark strings
+
+
+def test_an_unreadable_attribute_time_or_a_repeated_item_is_refused(spark, tmp_path):
+    """A client attribute stamped 'notadate' read as null, "known from the start", so it was
+    history for every earlier event (future information); a repeated item_id kept whichever
+    row Spark read last. Both now stop in one line; an empty timestamp still means the start."""
+    from spark_jobs.sources import client_attrs_table, item_attrs_table
+    from spark_jobs.validate import SchemaError
+
+    clients = tmp_path / "clients.csv"
+    clients.write_text("client_id,timestamp,tier\nc1,,gold\nc2, 2021-03-01 ,gold\nc3,1200,x\n")
+    assert client_attrs_table(spark, str(clients)).count() == 3
+    clients.write_text("client_id,timestamp,tier\nc1,,gold\nc3,notadate,gold\n")
+    with pytest.raises(SchemaError, match="1 row with a timestamp that is neither unix seconds "
+                                          "nor an ISO date, e.g. 'notadate' for client 'c3'"):
+        client_attrs_table(spark, str(clients))
+    items = tmp_path / "items.csv"
+    items.write_text("item_id,category\ni1,a\ni2,b\ni1,c\n")
+    with pytest.raises(SchemaError, match="1 item_id on more than one row, e.g. 'i1' on 2"):
+        item_attrs_table(spark, str(items))
