@@ -372,7 +372,8 @@ def train_arg_parser(prog: str = "hvd-ctsm train") -> argparse.ArgumentParser:
                    help="continue the run in --out from its last checkpoint, with its own "
                         "settings (its config.yaml; --config to use others) and the overrides")
     p.add_argument("--init-from", type=location,
-                   help="warm-start from a model.pt (vocabulary may have grown)")
+                   help="warm-start from a registry, a run folder or a model.pt; the data's "
+                        "vocabulary must extend the model's (features --previous-vocab)")
     p.add_argument("--overwrite", action="store_true", help="start afresh in an existing --out")
     p.add_argument("--elastic", action="store_true",
                    help="train under hvd.elastic.run (launch with horovodrun --min-np/--max-np "

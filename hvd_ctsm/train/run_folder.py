@@ -6,13 +6,16 @@ Checked in `main`, before any worker starts Horovod and before the folder is cre
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 from hvd_ctsm.config import TrainConfig, as_override, to_dict
 from hvd_ctsm.config.model_config import INIT_ONLY, LEGACY_ARCH, architecture
+from hvd_ctsm.data.dataset_meta import read_metadata, read_vocab
 from hvd_ctsm.distributed.base import launch_rank
 from hvd_ctsm.files import outputs, storage
-from hvd_ctsm.model.checkpoint import load_state
+from hvd_ctsm.model.checkpoint import load_state, model_file
 
 
 def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str,
@@ -70,7 +73,8 @@ def check_warm_start_matches(path: str, cfg: TrainConfig) -> None:
     only: an earlier model of another one would load into the wrong places (another head
     count, a missing layer left random) without an error. Dropout, loss and loss weights may
     change; --resume's check (above) allows no change at all."""
-    state = load_state(Path(path))
+    state = load_state(model_file(path))  # a registry, a run or version folder, or a model.pt
+    check_vocabulary_extends(model_file(path), state, cfg.data.path)
     if "config" not in state:  # a model saved before configs were: only its shapes are known
         return
     saved = architecture(state["config"]["model"])
@@ -94,3 +98,50 @@ def _override(key: str, value) -> str:
     if key == "outputs":  # the heads trained are the keys of model.head_weights
         return f"model.head_weights with keys {value}"
     return as_override(f"model.{key}", value)
+
+
+def check_vocabulary_extends(path: Path, state: dict, data: str) -> None:
+    """--init-from copies item, category, tag and attribute rows by index: the dataset's
+    vocabulary must extend the one the model was trained on (the feature job's
+    --previous-vocab), or each row would land on another item without a word."""
+    if "vocab_sha256" not in state or state["vocab_sha256"] == read_metadata(data).vocab_sha256:
+        return
+    found = trained_vocabulary(path, state)
+    if found is None:
+        raise SystemExit(
+            f"error: --init-from: the vocab.json {path} was trained on is neither beside it nor "
+            f"in the dataset it was trained on, so {data}'s vocabulary cannot be checked to keep "
+            "its indices: put that vocab.json beside the model, or leave out --init-from")
+    old_path, old = found
+    _, new = read_vocab(data)
+    for name, before, now in _indexed(old, new):
+        if now[:len(before)] != before:
+            at = next((i for i, (a, b) in enumerate(zip(before, now, strict=False))
+                       if a != b), len(now))
+            was, became = before[at], now[at] if at < len(now) else "nothing"
+            raise SystemExit(
+                f"error: --init-from: {data}'s vocabulary does not keep the indices {path} was "
+                f"trained with ({name} index {at} was {was!r}, is {became!r}): rebuild the "
+                f"features with --previous-vocab {old_path}, or leave out --init-from")
+
+
+def trained_vocabulary(path: Path, state: dict) -> tuple[Path, dict] | None:
+    """(path, content) of the vocab.json whose bytes the model was trained on: beside it (a
+    registry version) or in its training dataset; None when neither is."""
+    data = (state.get("config") or {}).get("data", {}).get("path")
+    candidates = [Path(path).parent / "vocab.json"] + ([Path(data) / "vocab.json"] if data and
+                                                        not storage.is_remote(data) else [])
+    for candidate in candidates:
+        if candidate.is_file():
+            raw = candidate.read_bytes()
+            if hashlib.sha256(raw).hexdigest() == state["vocab_sha256"]:
+                return candidate, json.loads(raw)
+    return None
+
+
+def _indexed(old: dict, new: dict):
+    """(name, old list, new list) of every vocabulary whose indices a model's tables use."""
+    for key in ("items", "categories", "tags"):
+        yield key, old.get(key, []), new.get(key, [])
+    for name, values in old.get("attrs", {}).items():
+        yield f"attribute {name}", values, new.get("attrs", {}).get(name, [])

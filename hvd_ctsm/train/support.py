@@ -20,7 +20,7 @@ from hvd_ctsm import distributed as dist
 from hvd_ctsm.config import ConfigError, OptimConfig, TrainConfig, as_override
 from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.data.dataset_meta import DatasetMeta, check_same_vocabulary
-from hvd_ctsm.model.checkpoint import CheckpointManager, load_state
+from hvd_ctsm.model.checkpoint import CheckpointManager, load_state, model_file
 from hvd_ctsm.model.ctsm import ModelSizes
 from hvd_ctsm.progress import Progress
 from hvd_ctsm.train import faults
@@ -277,7 +277,7 @@ def warm_start(model, path: str, root: bool) -> None:
     (run_folder.check_warm_start_matches)."""
     if not root:
         return
-    old = load_state(path)["model"]
+    old = load_state(model_file(path))["model"]
     new = model.state_dict()
     copied, grown = 0, 0
     for name, tensor in old.items():

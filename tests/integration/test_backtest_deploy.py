@@ -74,3 +74,29 @@ def test_a_warm_start_from_another_architecture_stops_in_one_line(tiny_features,
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "model.layers=1" in errors[0] and "model.layers=3" in errors[0]
     assert not out.exists()  # nothing trained, nothing written
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_warm_start_onto_a_vocabulary_that_does_not_keep_its_indices_is_refused(
+        spark, tiny_features, trained, tmp_path):
+    """Features of newer events built without --previous-vocab index items anew: --init-from
+    copied the old rows onto other items and trained on, exit 0. Now one line naming the fix;
+    the same events with --previous-vocab are taken."""
+    from hvd_ctsm.config import load_config
+    from hvd_ctsm.train.run_folder import check_warm_start_matches
+    from spark_jobs.build_features import build_features
+    from spark_jobs.config import FeatureConfig
+
+    newer = "synthetic:clients=200,items=70,events=7000,seed=12"
+    fresh, extended = tmp_path / "fresh", tmp_path / "extended"
+    build_features(spark, FeatureConfig(source=newer, out=str(fresh), max_len=40, row_groups=4))
+    build_features(spark, FeatureConfig(source=newer, out=str(extended), max_len=40, row_groups=4,
+                                        previous_vocab=str(tiny_features / "vocab.json")))
+    arch = ["model.dim=32", "model.layers=1"]
+    with pytest.raises(SystemExit, match="does not keep the indices .* rebuild the features "
+                                         f"with --previous-vocab {tiny_features / 'vocab.json'}"):
+        check_warm_start_matches(str(trained / "model.pt"),
+                                 load_config(None, [f"data.path={fresh}", *arch]))
+    check_warm_start_matches(str(trained),  # a run folder, as a registry, names its model.pt
+                             load_config(None, [f"data.path={extended}", *arch]))
