@@ -19,6 +19,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from hvd_ctsm.files import storage
+from spark_jobs import csv_files
 from spark_jobs.attributes import wide_to_long
 from spark_jobs.pandas_frames import object_strings
 from spark_jobs.parquet_types import check_same_types
@@ -153,8 +154,11 @@ def read_table(spark, path: str) -> DataFrame:
         if not p.exists():
             raise SourceError(f"no such file or folder: {path}; check the path")
         location, suffix = str(p.resolve()), p.suffix.lower()
-        csv_inside = p.is_dir() and any(p.glob("*.csv"))
+        csv_inside = p.is_dir() and any(p.glob(csv_files.PATTERN))
+        if csv_inside:
+            csv_files.check_same_headers(p)
     if suffix in (".csv", ".tsv") or csv_inside:
+        only_csv = {"pathGlobFilter": csv_files.PATTERN} if csv_inside else {}
         return spark.read.csv(
             location,
             header=True,
@@ -163,6 +167,7 @@ def read_table(spark, path: str) -> DataFrame:
             multiLine=True,
             quote='"',
             escape='"',
+            **only_csv,
         )
     if not storage.is_remote(path):  # one line here, not Spark's trace mid-job
         check_same_types(Path(location), "Parquet input")

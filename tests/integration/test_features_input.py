@@ -123,3 +123,23 @@ def test_an_unreadable_attribute_time_or_a_repeated_item_is_refused(spark, tmp_p
     items.write_text("item_id,category\ni1,a\ni2,b\ni1,c\n")
     with pytest.raises(SchemaError, match="1 item_id on more than one row, e.g. 'i1' on 2"):
         item_attrs_table(spark, str(items))
+
+
+def test_a_csv_folder_reads_only_its_csv_files_and_refuses_headers_in_another_order(spark,
+                                                                                   tmp_path):
+    """Spark reads every file of a folder by the first one's column order: a file headed
+    item_id,client_id,... had its ids swapped (exit 0), and a README beside the CSVs was read
+    as events (its second line one more rejected row)."""
+    from spark_jobs.sources import read_table
+    from spark_jobs.validate import SchemaError
+
+    head = "client_id,item_id,timestamp,event_type,value"
+    (tmp_path / "a.csv").write_text(f"{head}\nc1,i1,100,purchase,\nc1,i2,200,purchase,\n")
+    (tmp_path / "README.txt").write_text("events of January\nexported by hand\n")
+    rows = read_table(spark, str(tmp_path)).collect()
+    assert sorted((r.client_id, r.item_id) for r in rows) == [("c1", "i1"), ("c1", "i2")]
+    (tmp_path / "b.csv").write_text("item_id,client_id,timestamp,event_type,value\n"
+                                    "i3,c2,300,purchase,\n")
+    with pytest.raises(SchemaError, match="different headers .* a.csv has client_id,item_id"
+                                          ".* b.csv has item_id,client_id"):
+        read_table(spark, str(tmp_path))
