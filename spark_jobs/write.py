@@ -59,7 +59,9 @@ def write_dataset(df: DataFrame, path: Path, n_rows: int, row_groups: int) -> in
     rows than `row_groups` the split gets one row per file (all that is possible).
     """
     files = max(1, min(row_groups, n_rows))
-    url = path.resolve().as_uri()
+    # Not as_uri(): Hadoop takes "%20" in a file: URL literally (a folder named "my%20out"),
+    # where it parses the plain path, spaces and commas too.
+    url = f"file://{path.resolve()}"
     with _metadata_writer(df.sparkSession, url):
         _placed(df, files, n_rows).write.mode("overwrite").parquet(url)
         _stable_names(path)

@@ -282,7 +282,10 @@ def _open_petastorm_reader(url: str, rank: int, size: int, seed: int | None, shu
     from petastorm import make_reader
 
     from hvd_ctsm.data.npy_codec import use_fast_decoding
+    from hvd_ctsm.files import storage
 
+    if not storage.is_remote(url):  # Petastorm takes a file: URL's "%20" literally
+        url = f"file://{storage.local_path(url)}"
     reader = make_reader(url, schema_fields=fields, cur_shard=rank, shard_count=size,
                          num_epochs=1, shuffle_row_groups=shuffle, seed=seed,
                          reader_pool_type="dummy")

@@ -143,3 +143,22 @@ def test_a_csv_folder_reads_only_its_csv_files_and_refuses_headers_in_another_or
     with pytest.raises(SchemaError, match="different headers .* a.csv has client_id,item_id"
                                           ".* b.csv has item_id,client_id"):
         read_table(spark, str(tmp_path))
+
+
+def test_a_dataset_folder_named_with_a_space_and_a_comma(spark, tmp_path, monkeypatch):
+    """--out 'runs/my out' crashed (classic: 'wrote 0 row groups', exit 3; current: 'holds no
+    Parquet files'): Spark wrote into a folder named '.my%20out.tmp-*', never cleaned up. Read
+    back by the trainer's route, and on the classic stack by Petastorm's reader too."""
+    import importlib.util
+
+    from hvd_ctsm.data.batches import open_reader, split_url
+
+    out = tmp_path / "my out,2021-03"
+    meta = build_features(spark, FeatureConfig(source="synthetic:clients=40,items=20,events=600",
+                                               out=str(out), max_len=20, row_groups=2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my out,2021-03"]  # no stage left
+    readers = ["arrow"] + (["petastorm"] if importlib.util.find_spec("petastorm") else [])
+    for name in readers:
+        monkeypatch.setenv("HVD_CTSM_READER", name)
+        with open_reader(split_url(out, "train"), 0, 1, None, False, ["client_id"]) as rows:
+            assert len(list(rows)) == meta["splits"]["train"]["rows"] > 0, name
