@@ -17,6 +17,9 @@
 # Extra arguments are passed on to the step's program.
 set -euo pipefail
 
+# A step's paths are the caller's, as `hvd-ctsm STEP` takes them (run.sh works from the
+# checkout, so relative ones once named files there): steps run in CALLER, setup and tests here.
+CALLER=$PWD
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$REPO"
 STACK_CHOSEN=${HVD_CTSM_STACK:+yes}  # test: one stack when chosen, else both
@@ -28,7 +31,8 @@ case $HVD_CTSM_STACK in
     *) echo "HVD_CTSM_STACK=$HVD_CTSM_STACK: expected classic or current" >&2; exit 2 ;;
 esac
 NP=${NP:-2}
-WORK=${WORK:-$REPO/runs/demo}
+VENV=$(realpath -m "$VENV")  # relative: to the checkout, as before (steps run elsewhere)
+WORK=$(cd "$CALLER" && realpath -m "${WORK:-$REPO/runs/demo}")
 STAMP=$VENV/.hvd_ctsm-setup-stamp
 
 usage() {
@@ -104,7 +108,9 @@ py() { "$VENV/bin/python" "$@"; }
 
 # Every step is the package's one command, `hvd-ctsm STEP` (its console script, hvd_ctsm.cli);
 # this script adds only setup, the environment and the launchers (horovodrun, torchrun, Spark).
-step() { "$VENV/bin/hvd-ctsm" "$@"; }
+step() { in_caller "$VENV/bin/hvd-ctsm" "$@"; }
+
+in_caller() { (cd "$CALLER" && "$@"); }
 
 # Horovod launcher: Gloo on this one host; extra horovodrun flags via HOROVODRUN_ARGS.
 hvdrun() {
@@ -135,7 +141,7 @@ torchrun_launch() {
 # A launcher (torchrun or horovodrun) and its arguments, run by hvd_ctsm/distributed/launchers.py:
 # when workers fail it ends in one line and the exit code of errors.py's table they mean, not
 # the launcher's traceback and its 1 for any failure.
-launched() { py -m hvd_ctsm.distributed.launchers "$@"; }
+launched() { in_caller "$VENV/bin/python" -m hvd_ctsm.distributed.launchers "$@"; }
 
 # BACKEND picks the trainer's launcher. Without it: torch on a CPU-only host (DDP overlaps the
 # gradient reduction with backward, Horovod waits for it after: torch trained 4-7% faster in
@@ -149,10 +155,19 @@ trainer_backend() {
 
 has_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
 
+# NP=0 under horovodrun ran nothing and exited 0 (a script took it for a finished run);
+# torchrun answered NP=abc with its traceback and 1 ("refused" in errors.py's table).
+check_np() {
+    [[ $NP =~ ^[1-9][0-9]*$ ]] && return
+    echo "run.sh: NP=$NP: the number of training ranks must be a whole number >= 1" >&2
+    exit 2
+}
+
 train_launch() {
+    check_np
     # One check before any launcher starts: a bad value is one line and exit 2 here, instead of
     # one line per rank and then the launcher's own report of failed workers.
-    step train --check "$@" >/dev/null
+    step train --check --ranks "$NP" "$@" >/dev/null
     case $(trainer_backend) in
         torch) torchrun_launch --no-python "$VENV/bin/hvd-ctsm" train "$@" ;;
         horovod) hvdrun "$VENV/bin/hvd-ctsm" train "$@" ;;
@@ -193,6 +208,7 @@ demo() {
 # quiet_start): warnings, not the 40 INFO lines of Spark's start, unless SPARK_SUBMIT_ARGS sets
 # the driver's Java options; in local mode it binds to the loopback address.
 pipeline_spark() {
+    check_np
     ensure_setup
     local source=${DATA:-synthetic:clients=1200,items=300,events=60000,seed=7}
     local master=${MASTER:-local[$NP]} quiet=()
@@ -203,9 +219,9 @@ pipeline_spark() {
     esac
     case "$master" in local*) export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1} ;; esac
     # shellcheck disable=SC2086
-    PATH="$VENV/bin:$PATH" PYSPARK_PYTHON="$VENV/bin/python" "$VENV/bin/spark-submit" \
+    PATH="$VENV/bin:$PATH" PYSPARK_PYTHON="$VENV/bin/python" in_caller "$VENV/bin/spark-submit" \
         --master "$master" "${quiet[@]}" ${SPARK_SUBMIT_ARGS:-} \
-        spark_jobs/pipeline.py --source "$source" --work "$WORK/pipeline" \
+        "$REPO/spark_jobs/pipeline.py" --source "$source" --work "$WORK/pipeline" \
         --registry "$WORK/registry" --num-proc "$NP" --config "${CONFIG:-default}" \
         --gate "${GATE:-ndcg@10>=0.05}" "epochs=${EPOCHS:-6}" "$@"
 }

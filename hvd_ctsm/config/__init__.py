@@ -383,6 +383,8 @@ def train_arg_parser(prog: str = "hvd-ctsm train") -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="check the config, the dataset and the run folder, then exit 0; starts "
                         "nothing (./run.sh train does this once before its launcher)")
+    p.add_argument("--ranks", type=int, metavar="N",
+                   help="with --check: the ranks the run will have (each needs training rows)")
     return p
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from hvd_ctsm import distributed as dist
 from hvd_ctsm.config import ConfigError, TrainConfig, config_from_argv, config_yaml
+from hvd_ctsm.data.batches import shard_rows, split_url
 from hvd_ctsm.data.dataset_meta import read_metadata
 from hvd_ctsm.train import elastic_loop, faults
 from hvd_ctsm.train import loop as train
@@ -39,6 +40,7 @@ class LaunchOptions:
     init_from: str | None = None  # warm-start from this model.pt
     elastic: bool = False  # Elastic Horovod (hvd.elastic.run)
     check: bool = False  # make the checks a rank makes first, then stop
+    ranks: int | None = None  # with check: the world size the run will have
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     return run(cfg, LaunchOptions(resume=args.resume, overwrite=args.overwrite,
                                   init_from=args.init_from, elastic=args.elastic,
-                                  check=args.check))
+                                  check=args.check, ranks=args.ranks))
 
 
 def parse_command(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace, Path | None]:
@@ -101,6 +103,8 @@ def run(cfg: TrainConfig, options: LaunchOptions | None = None) -> int:
     check_run_folder(cfg, options, resume, remove=not options.check)
     if options.check:
         read_metadata(cfg.data.path)  # the dataset: there, complete, of a version we read
+        if options.ranks:  # every rank gets training rows (else each rank says so, after start)
+            shard_rows(split_url(cfg.data.path, "train"), options.ranks)
         print(f"ok: {cfg.data.path} -> {cfg.out}")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

@@ -30,22 +30,32 @@ def test_train_check_starts_nothing_and_removes_nothing(tiny_features, tmp_path,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", "horovod"])
-def test_run_sh_train_checks_once_before_any_launcher_starts(backend, tmp_path):
+def test_run_sh_train_checks_once_before_any_launcher_starts(backend, tiny_features, tmp_path):
     """A bad value or a missing dataset under ./run.sh train: one line and exit 2, from the one
     check before torchrun or horovodrun starts (before: the line once per rank, then torchrun's
-    43-line ChildFailedError or Horovod's 31 lines, and exit 1)."""
+    43-line ChildFailedError or Horovod's 31 lines, and exit 1). Bad NP values likewise (before:
+    horovodrun ran nothing for NP=0 and exited 0; torchrun's traceback and 1 for NP=abc; more
+    ranks than row groups passed the check, then every rank said so)."""
     env = {**os.environ, "NP": "2", "BACKEND": backend}
     features = tmp_path / "features"
     features.mkdir()
     cases = {"epochs=1.5 has the wrong type": ["--data", str(features), "epochs=1.5"],
              "is not a folder": ["--data", str(tmp_path / "no-such-features")],
-             "metadata.json not found": ["--data", str(features)]}
+             "metadata.json not found": ["--data", str(features)],
+             "8 row groups, fewer than 9 ranks": ["NP=9", "--data", str(tiny_features)],
+             "NP=0: the number of training ranks": ["NP=0", "--data", str(tiny_features)],
+             "NP=abc: the number of training ranks": ["NP=abc", "--data", str(tiny_features)]}
     for says, args in cases.items():
+        np_ = [a.removeprefix("NP=") for a in args if a.startswith("NP=")]
+        args = [a for a in args if not a.startswith("NP=")]
         proc = subprocess.run(["./run.sh", "train", *args, "--out", str(tmp_path / "run")],
-                              cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+                              cwd=REPO, capture_output=True, text=True, timeout=300,
+                              env=env | {"NP": (np_ or ["2"])[0]})
         assert proc.returncode == 2, proc.stderr
         assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert not (tmp_path / "run").exists()
+
+
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import yaml
 
 from hvd_ctsm import cli
 from hvd_ctsm.errors import EXIT_CODES
-from tests.conftest import REPO
+from tests.conftest import REPO, RUN_SH_ENV
 
 STEPS = ["features", "train", "backtest", "gate", "deploy", "score", "pipeline", "doctor", "bench"]
 
@@ -233,3 +233,15 @@ def test_ctrl_c_is_one_line_and_exit_130(capsys):
                         (KeyboardInterrupt("go on with X"), "go on with X")]:
         assert run_cli(fails_with(error), "p", []) == EXIT_INTERRUPTED == 130
         assert capsys.readouterr().err == f"p: {says}\n"
+
+
+def test_run_sh_takes_relative_paths_from_where_it_is_run(tmp_path):
+    """run.sh works from its checkout, and relative paths once named files there: `cd runs &&
+    ../run.sh gate --report r1.json` said r1.json was not found."""
+    report = {"model": {"full": {"ndcg@10": 0.2}}, "gate": {"passed": None, "checks": []}}
+    (tmp_path / "r1.json").write_text(json.dumps(report))
+    proc = subprocess.run([str(REPO / "run.sh"), "gate", "--report", "r1.json", "--gate",
+                           "ndcg@10>=0.1"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **RUN_SH_ENV})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "r1.json").read_text())["gate"]["passed"] is True
