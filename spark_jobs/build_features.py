@@ -224,13 +224,13 @@ def _build(spark, config: FeatureConfig) -> dict:
     try:
         with outputs.staged(config.out, config.overwrite, "features",
                             input_paths(config)) as stage:
+            previous = vocab.load_vocab(config.previous_vocab)  # before the events: seconds
             progress(f"reading and checking the events of {config.source}")
             source = load_source(spark, config)
             used, counted, counts = _validated(spark, config, source)
             lap("validate", f"{counts['input_rows']:,} events read, {counts['used']:,} used, "
                 f"{sum(counts['rejected'].values()):,} rejected; {counts['clients']:,} clients, "
                 f"{counts['items']:,} items")
-            previous = vocab.load_vocab(config.previous_vocab)
             vocabulary = vocab.build_vocab(used, source.item_attrs, source.client_attrs, previous)
             lap("vocabulary", "vocabularies made")
             examples = _examples(config, source, used, vocabulary, counts["used"]).persist(
@@ -311,7 +311,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-timestamp", help="latest valid timestamp (default: now + 1 day)")
     p.add_argument("--client-attrs", help="client attributes table (events: sources)")
     p.add_argument("--item-attrs", help="item attributes table (events: sources)")
-    p.add_argument("--previous-vocab", type=location, help="vocab.json of a previous run to extend")
+    p.add_argument("--previous-vocab", type=location,
+                   help="the vocabulary to extend (every known id keeps its index): a vocab.json, "
+                        "or the dataset, registry or registry version holding one")
     p.add_argument("--strict", action="store_true", help="fail instead of rejecting rows")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")

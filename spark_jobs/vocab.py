@@ -44,10 +44,26 @@ def value_counts(df: DataFrame, column: str) -> dict[str, int]:
     return dict(zip(counts[column], counts["count"], strict=True))
 
 
+def vocab_file(path: str) -> Path:
+    """A vocab.json, or a folder holding one: a feature dataset, a registry version, or a
+    registry (its current version's, the pointer hvd_ctsm.serving.deploy writes)."""
+    found = Path(path)
+    pointer = found / "current"
+    if pointer.is_file():
+        found = found / pointer.read_text().strip()
+    return found / "vocab.json" if found.is_dir() else found
+
+
 def load_vocab(path: str | None) -> dict | None:
     if not path:
         return None
-    vocab = json.loads(Path(path).read_text())
+    try:
+        vocab = json.loads(vocab_file(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--previous-vocab {path}: no vocab.json there; pass one, or "
+                                "the dataset, registry or registry version that holds it") from None
+    except ValueError as exc:
+        raise ValueError(f"previous vocabulary {path} is not JSON ({exc})") from None
     for key in ("items", "categories", "item_category", "attrs"):
         if key not in vocab:
             raise ValueError(f"previous vocabulary {path} has no {key!r}")

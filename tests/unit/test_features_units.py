@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pandas as pd
@@ -276,3 +277,19 @@ def test_file_starts_name_the_client_and_rank_of_each_files_first_row():
         for i, row in enumerate(rows):
             first.setdefault(i * files // n, row)
         assert file_starts(clients, counts, files) == [first[f] for f in range(1, files)]
+
+
+def test_previous_vocab_is_a_file_or_the_folder_that_holds_it(tmp_path):
+    """--previous-vocab REGISTRY said '[Errno 21] Is a directory', after every event was read."""
+    from spark_jobs.vocab import load_vocab
+
+    content = {"items": ["<pad>", "i1"], "categories": ["<pad>"], "item_category": [0, 0],
+               "attrs": {}}
+    version = tmp_path / "registry" / "v0001"
+    version.mkdir(parents=True)
+    (version / "vocab.json").write_text(json.dumps(content))
+    (tmp_path / "registry" / "current").write_text("v0001\n")
+    for given in (version / "vocab.json", version, tmp_path / "registry"):
+        assert load_vocab(str(given)) == content
+    with pytest.raises(FileNotFoundError, match="--previous-vocab .*: no vocab.json there"):
+        load_vocab(str(tmp_path / "nothing"))
