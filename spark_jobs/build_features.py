@@ -260,21 +260,21 @@ def _build(spark, config: FeatureConfig) -> dict:
 
 
 def summary_table(summary: dict) -> str:
-    c = summary["counts"]
+    c = summary["counts"]  # labels padded to 32: '  rejected: unknown_event_type' is 30
     lines = [
-        f"{'rows in':<28}{c['input_rows']:>12,}",
-        f"{'used':<28}{c['used']:>12,}",
-        *[f"{'  rejected: ' + k:<28}{v:>12,}" for k, v in c["rejected"].items() if v],
-        f"{'rejected (total)':<28}{sum(c['rejected'].values()):>12,}",
-        f"{'clients':<28}{c['clients']:>12,}",
-        f"{'items':<28}{c['items']:>12,}",
+        f"{'rows in':<32}{c['input_rows']:>12,}",
+        f"{'used':<32}{c['used']:>12,}",
+        *[f"{'  rejected: ' + k:<32}{v:>12,}" for k, v in c["rejected"].items() if v],
+        f"{'rejected (total)':<32}{sum(c['rejected'].values()):>12,}",
+        f"{'clients':<32}{c['clients']:>12,}",
+        f"{'items':<32}{c['items']:>12,}",
         *[
-            f"{'examples: ' + k:<28}{v['rows']:>12,}  targets {v['targets']:,}, "
+            f"{'examples: ' + k:<32}{v['rows']:>12,}  targets {v['targets']:,}, "
             f"row groups {v['row_groups']}"
             for k, v in summary["splits"].items()
         ],
-        *[f"{'  no history: ' + k:<28}{v:>12,}" for k, v in c["clients_without_history"].items()],
-        f"{'seconds':<28}{summary['seconds']:>12.1f}",
+        *[f"{'  no history: ' + k:<32}{v:>12,}" for k, v in c["clients_without_history"].items()],
+        f"{'seconds':<32}{summary['seconds']:>12.1f}",
     ]
     return "\n".join(lines)
 

@@ -109,7 +109,8 @@ class FeatureConfig:
                                  "--cutoffs T1,T2, unix seconds or ISO dates)")
             t1, t2 = (parse_time(t) for t in self.cutoffs)
             if not t1 < t2:
-                raise ValueError(f"cutoffs must increase: {t1} >= {t2}")
+                raise ValueError(f"cutoffs must increase: {self.cutoffs[0]} ({t1}) is not "
+                                 f"before {self.cutoffs[1]} ({t2})")
             self.cutoffs = (t1, t2)
         elif self.cutoffs is not None:
             raise ValueError("cutoffs only apply to split='time'")

@@ -116,8 +116,9 @@ def shard_rows(url: str, size: int) -> list[int]:
     """Rows in each of `size` shards."""
     sizes = _row_group_sizes(url)
     if len(sizes) < size:
-        raise DatasetError(f"{url} has {len(sizes)} row groups, fewer than {size} ranks: some "
-                           "ranks would get no rows; rebuild it with --row-groups >= ranks")
+        raise DatasetError(f"{url} has {len(sizes)} row groups, fewer than {size} "
+                           f"rank{'s' * (size != 1)}: some ranks would get no rows; rebuild it "
+                           "with --row-groups >= ranks")
     return [sum(sizes[r::size]) for r in range(size)]
 
 

@@ -129,13 +129,21 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
             log.info("batches grouped by history length, each padded to its longest")
     trainer = Trainer(cfg, dataset, model, device, optimizer, scheduler, net=net,
                       effective_batch=effective_batch, total_steps=total_steps, plan=plan)
-    if dist.is_root() and cfg.early_stop_evals:
-        patience = patience_evals(cfg, trainer.rows_per_epoch)
-        epochs = patience * cfg.eval_every_epochs
-        log.info("training ends at epoch %d (epochs), or earlier after %d validations in a row "
-                 "without a better NDCG@10 (%d epochs, about %s training rows)", cfg.epochs,
-                 patience, epochs, f"{epochs * trainer.rows_per_epoch:,.0f}")
+    if dist.is_root():
+        log.info(ends_when(cfg, trainer.rows_per_epoch))
     return trainer
+
+
+def ends_when(cfg: TrainConfig, rows_per_epoch: int) -> str:
+    """The log line that says when training ends: its epochs, or an early stop that can come
+    before them (not said where the patience is as long as the run)."""
+    patience = patience_evals(cfg, rows_per_epoch) if cfg.early_stop_evals else 0
+    epochs = patience * cfg.eval_every_epochs
+    if not patience or epochs >= cfg.epochs:
+        return f"training ends at epoch {cfg.epochs} (epochs)"
+    return (f"training ends at epoch {cfg.epochs} (epochs), or earlier after {patience} "
+            f"validations in a row without a better NDCG@10 ({epochs} epochs, about "
+            f"{epochs * rows_per_epoch:,.0f} training rows)")
 
 
 def nothing_left(trainer: Trainer, position: dict) -> str | None:

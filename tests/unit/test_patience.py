@@ -29,3 +29,14 @@ def test_training_stops_after_the_patience_of_its_epoch_size():
     small = SimpleNamespace(cfg=load_config(None, []), rows_per_epoch=1088)
     assert not Trainer.no_longer_improving(small, best, 14)
     assert Trainer.no_longer_improving(small, best, 16)  # 5 validations (10 epochs) on
+
+
+def test_the_log_names_an_early_stop_only_where_it_can_come_first():
+    """epochs=2 logged 'or earlier after 5 validations (10 epochs)': a stop after the end."""
+    from hvd_ctsm.train.loop import ends_when
+
+    assert ends_when(load_config(None, ["epochs=2"]), 1000) == "training ends at epoch 2 (epochs)"
+    assert ends_when(load_config(None, ["epochs=30", "early_stop_evals=0"]), 1000) == \
+        "training ends at epoch 30 (epochs)"
+    assert ends_when(load_config(None, ["epochs=30", "early_stop_rows=0"]), 1000).startswith(
+        "training ends at epoch 30 (epochs), or earlier after 5 validations in a row")
