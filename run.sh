@@ -164,6 +164,7 @@ check_np() {
 }
 
 train_launch() {
+    if [[ " $* " == *" --print-config "* ]]; then step train "$@"; return; fi  # once, no ranks
     check_np
     # One check before any launcher starts: a bad value is one line and exit 2 here, instead of
     # one line per rank and then the launcher's own report of failed workers.
@@ -180,6 +181,8 @@ demo() {
     ensure_setup
     local data=$WORK/features model=$WORK/model registry=$WORK/registry
     local source=${DATA:-synthetic:clients=1200,items=300,events=60000,seed=7}
+    # The trainer's config before the features' minutes: CONFIG=nosuch or EPOCHS=abc in a line
+    step train --config "${CONFIG:-default}" "epochs=${EPOCHS:-6}" "$@" --print-config >/dev/null
     echo "[demo] 1/6 features: $source -> $data"
     step features --source "$source" --out "$data" --split leave-last-out \
         --row-groups "${ROW_GROUPS:-64}" --master "local[2]" --overwrite
