@@ -17,7 +17,7 @@ PATTERN = "*.csv"  # only these are read from a folder: a README beside them is 
 
 
 def header(path: Path) -> list[str]:
-    with path.open(newline="", encoding="utf-8", errors="replace") as f:
+    with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:  # BOM or not
         return next(csv.reader(f), [])
 
 
