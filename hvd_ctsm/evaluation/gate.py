@@ -33,6 +33,8 @@ RANKING = [f"{metric}@{k}" for metric in ("ndcg", "hr") for k in RankingSums.ks]
 METRICS = {"full": RANKING, "sampled": RANKING, "sale": ["auc", "log_loss"]}
 CHAMPION_HELP = ("the deployed model: REGISTRY (its current version's report), a report file, "
                  "or models:/NAME@champion (MLflow registry): do not be worse than it")
+CHAMPION_TAKES = ("--champion takes a registry folder (its current version), a version folder "
+                  "(REGISTRY/vNNNN), a backtest report (.json) or models:/NAME@ALIAS")
 GATE_HELP = ("rules, e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'; the metrics: [full.|sampled.]"
              f"{', '.join(RANKING)}; sale.auc, sale.log_loss")
 GATE = re.compile(r"^\s*([a-z_]+\.)?([a-z_]+(?:@\d+)?)\s*(>=|<=|>|<)\s*([0-9.eE+-]+)\s*$")
@@ -88,13 +90,27 @@ def load_champion(ref: str | None, model_path: str | Path) -> dict | None:
         return champion
     path = Path(ref)
     if not path.is_dir():
-        return json.loads(path.read_text())
+        return read_report(path, ref)
     report = model_file(path).parent / "backtest.json"
     if not report.is_file():
         raise ValueError(f"--champion {ref}: no deployed version's report there ({report} not "
                          "found): name a registry deploy wrote to, or leave --champion out "
                          "until the first deploy")
-    return json.loads(report.read_text())
+    return read_report(report, ref)
+
+
+def read_report(path: Path, ref: str) -> dict:
+    """The report --champion names; anything else (a model.pt, another JSON) is one line saying
+    what --champion takes (a model.pt was "'utf-8' codec can't decode byte 0x80")."""
+    try:
+        report = json.loads(path.read_bytes())
+    except ValueError:  # not JSON, or not text at all (UnicodeDecodeError is a ValueError)
+        report = None
+    if not (isinstance(report, dict) and isinstance(report.get("model"), dict)):
+        hint = (f" (for the model deployed there, name its folder {path.parent})"
+                if (path.parent / "backtest.json").is_file() else "")
+        raise ValueError(f"--champion {ref}: not a backtest report{hint}; {CHAMPION_TAKES}")
+    return report
 
 
 def check_report_path(path: str | Path) -> None:

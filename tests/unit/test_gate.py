@@ -4,13 +4,14 @@ import json
 
 import pytest
 
-from hvd_ctsm.evaluation import gate
+from hvd_ctsm.evaluation import backtest, gate
 
 METRICS = {"full": {"ndcg@10": 0.12, "hr@10": 0.2}, "sampled": {"hr@10": 0.6}}
 
 
-def write_report(path, metrics=METRICS):
-    path.write_text(json.dumps({"model": metrics, "gate": {"passed": None, "checks": []}}))
+def write_report(path, metrics=METRICS, **fields):
+    path.write_text(json.dumps({"model": metrics, "gate": {"passed": None, "checks": []},
+                                **fields}))
     return path
 
 
@@ -53,6 +54,23 @@ def test_the_champion_is_read_from_a_registry_or_a_version_folder(tmp_path, caps
     assert gate.main([*args, str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err
     assert "leave --champion out until the first deploy" in err and len(err.splitlines()) == 1
+
+
+def test_a_model_file_as_champion_says_what_champion_takes(tmp_path, capsys):
+    """--champion REGISTRY/v0001/model.pt was "'utf-8' codec can't decode byte 0x80"."""
+    report = write_report(tmp_path / "r.json")
+    version = tmp_path / "registry" / "v0001"
+    version.mkdir(parents=True)
+    (version / "model.pt").write_bytes(b"\x80\x02weights")
+    write_report(version / "backtest.json", {"full": {"ndcg@10": 0.1}})
+    assert gate.main(["--report", str(report), "--champion", str(version / "model.pt")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "codec" not in err
+    assert f"not a backtest report (for the model deployed there, name its folder {version})" in err
+    assert "--champion takes a registry folder (its current version), a version folder" in err
+    with pytest.raises(ValueError, match="--champion takes a registry folder"):
+        backtest.main(["--data", "no-data", "--model", "no-model", "--report",
+                       str(tmp_path / "b.json"), "--champion", str(version / "model.pt")])
 
 
 def test_malformed_gate_or_report_exits_2_and_keeps_the_report(tmp_path):
