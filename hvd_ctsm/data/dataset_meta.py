@@ -8,6 +8,7 @@ package needs that is missing or of the wrong type. No torch, Spark or Horovod h
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -58,6 +59,15 @@ class DatasetMeta(dict):
     def splits(self) -> dict:
         """Split name -> its folder, rows and files as written (verify_split checks them)."""
         return dict(self.get("splits", {}))
+
+
+def metadata_sha256(meta: dict) -> str:
+    """A feature build's identity: the digest of its metadata.json's content (key order and
+    spacing aside), wherever the folder is and however its path is written. The feature job
+    writes every split's files (rows, bytes), the vocabulary's digest, the source, the cutoffs
+    and the build's timings there, so another build, even of the same events, has another."""
+    text = json.dumps(meta, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def read_metadata(data_dir: str | Path) -> DatasetMeta:

@@ -5,23 +5,28 @@
         ... --champion models:/ctsm@champion     # the champion from the MLflow registry
 
 Exit code 0 when the gate passes (or none is set), 1 when it refuses: a pipeline stops there.
+The champion rule compares on these targets (hvd_ctsm.evaluation.champion): a champion whose
+report was measured on other data has its model evaluated here too, and one line says so.
 Gate metrics name the full-ranking protocol by default (`ndcg@10`, `hr@10`, `mrr`); prefix with
 `sampled.` or `sale.` for the others (`sampled.hr@10>=0.5`, `sale.auc>=0.6`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
 from hvd_ctsm.data.batches import eval_batches
 from hvd_ctsm.data.dataset import Dataset
+from hvd_ctsm.data.dataset_meta import metadata_sha256, read_metadata
 from hvd_ctsm.errors import arg_parser
-from hvd_ctsm.evaluation import gate
+from hvd_ctsm.evaluation import champion, gate
+from hvd_ctsm.evaluation.champion import file_sha256
 from hvd_ctsm.evaluation.evaluate import Popularity, evaluate, model_scorer, paired_differences
 from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import load_model, model_file
@@ -38,40 +43,56 @@ def split_batches(dataset: Dataset, split: str, what: str) -> Iterator[dict]:
                          size=lambda batch: len(batch["client_id"]))
 
 
-def evaluate_model(dataset: Dataset, model_path: str, split: str, seed: int, what: str):
-    """One saved model's EvalResult on a split of the dataset (whose vocabulary it must share)."""
+FIX = {"model": "backtest on the features it was trained on (or retrain)",
+       "baseline": "backtest on the features it was trained on (or retrain it)",
+       "champion": "as --champion it cannot be evaluated on these targets, and its report's "
+                   "score is from other targets: gate with --gate rules instead of --champion, "
+                   "or backtest on features built with its vocabulary (features --previous-vocab "
+                   "its vocab.json, while no item is new)"}
+
+
+def checked_model(dataset: Dataset, model_path: str | Path, role: str):
+    """A saved model, refused in one line unless it indexes items as the dataset does."""
     model, state = load_model(model_path)
-    dataset.check_model(state, model_path, "backtest on the features it was trained on (or "
-                        "retrain)")
+    dataset.check_model(state, str(model_file(model_path)), FIX[role])
+    return model
+
+
+def evaluate_model(dataset: Dataset, model, split: str, seed: int, what: str):
+    """One loaded model's EvalResult on a split of the dataset."""
     batches = split_batches(dataset, split, what)
     return evaluate(batches, model_scorer(model, torch.device("cpu")),
                     dataset.meta.num_items, seed=seed, keep_ranks=True)
 
 
 def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
-                 baseline: str | None = None) -> dict:
+                 baseline: str | None = None, champion: str | Path | None = None) -> dict:
     """The model against popularity (and, given `baseline`, another trained model such as the
-    SASRec-style `--config sasrec` run) on the same targets and sampled negatives."""
+    SASRec-style `--config sasrec` run; given `champion`, the deployed model's file) on the same
+    targets and sampled negatives. Every model is loaded and checked before the first runs."""
     if split not in EVALUATED_SPLITS:
         raise ValueError(f"split must be one of {', '.join(EVALUATED_SPLITS)}, got {split!r}")
     t0 = time.perf_counter()
     dataset = Dataset.open(data)
     for name in ("train", split):  # a damaged or incomplete dataset stops before the model loads
         dataset.split(name)
-    ours = evaluate_model(dataset, model_path, split, seed, "model")
+    paths = {"model": model_path, "baseline": baseline, "champion": champion}
+    models = {role: checked_model(dataset, path, role) for role, path in paths.items() if path}
+    ours = evaluate_model(dataset, models.pop("model"), split, seed, "model")
     num_items, max_len = dataset.meta.num_items, dataset.meta.max_len
     counts = Popularity.fit(eval_batches(dataset.split("train"), 0, 1, 256, max_len), num_items)
     popularity = evaluate(split_batches(dataset, split, "popularity"), counts.scorer(),
                           num_items, seed=seed, keep_ranks=True)
     others, compared = {}, {"popularity": popularity}
-    if baseline:
-        compared["baseline"] = evaluate_model(dataset, baseline, split, seed, "baseline")
-        others = {"baseline": compared["baseline"].summary(),
-                  "baseline_path": str(model_file(baseline))}
+    for role in list(models):
+        compared[role] = evaluate_model(dataset, models.pop(role), split, seed, role)
+        others |= {role: compared[role].summary(), f"{role}_path": str(model_file(paths[role])),
+                   f"{role}_sha256": file_sha256(model_file(paths[role]))}
     # model - each other scorer, target by target: is a gap more than the clients' noise?
     differences = {name: paired_differences(ours, other, seed) for name, other in compared.items()}
-    return {"split": split, "data": str(data), "model_path": str(model_file(model_path)),
-            "model_sha256": hashlib.sha256(model_file(model_path).read_bytes()).hexdigest(),
+    return {"split": split, "data": str(data), "data_sha256": metadata_sha256(dataset.meta),
+            "model_path": str(model_file(model_path)),
+            "model_sha256": file_sha256(model_file(model_path)),
             "model": ours.summary(), "popularity": popularity.summary(), **others,
             "differences": differences,
             "protocol": {"full": "all items, the client's earlier items removed",
@@ -82,7 +103,7 @@ def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
 def print_table(report: dict) -> None:
     print(f"{'':14}{'NDCG@10':>10}{'HR@10':>10}{'MRR':>10}  (full) |{'NDCG@10':>10}{'HR@10':>10}"
           "  (sampled 100) |      AUC")
-    for name in ("model", "baseline", "popularity"):
+    for name in ("model", "baseline", "champion", "popularity"):
         if name not in report:
             continue
         m = report[name]
@@ -115,13 +136,22 @@ def main(argv: list[str] | None = None) -> int:
                                       "report beside the model on the same targets")
     args = p.parse_args(argv)
     rules = gate.parse_gate(args.gate)  # a malformed gate, champion or --report fails first
-    champion = gate.load_champion(args.champion, args.model)
-    gate.check_report_path(args.report)
-    report = run_backtest(args.data, args.model, args.split, args.seed, args.baseline)
+    with tempfile.TemporaryDirectory(prefix="hvd_ctsm-champion-") as scratch:
+        rival = champion.load(args.champion, args.model, scratch)
+        gate.check_report_path(args.report)
+        here = {"data": str(args.data), "split": args.split,
+                "data_sha256": metadata_sha256(read_metadata(args.data))}
+        same, rival_model = champion.model_to_evaluate(rival, here) if rival else (None, None)
+        report = run_backtest(args.data, args.model, args.split, args.seed, args.baseline,
+                              rival_model)
     print_table(report)
-    passed = gate.decide(report, rules, champion, args.tolerance, args.report, "backtest")
+    rule = rival and champion.rule_input(rival, report, same)
+    if rival:
+        champion.say_measured(rival, report, same)
+    passed = gate.decide(report, rules, rule, args.tolerance, args.report, "backtest")
     print(f"report: {args.report}")
     return 1 if passed is False else 0
+
 
 def cli() -> None:
     from hvd_ctsm.errors import run_cli

@@ -6,10 +6,15 @@
 
 The decision also goes to the model's MLflow run when it was tracked (hvd_ctsm.tracking).
 
+The champion rule compares scores on the same test targets only (hvd_ctsm.evaluation.champion):
+this step evaluates no model, so a champion whose report was measured on other data than this
+report's is refused (exit 2), naming the fix: `hvd-ctsm backtest ... --champion`, which
+evaluates the champion's model on its own targets.
+
 The decision is written into the report (its `gate` field, atomically), where
 hvd_ctsm.serving.deploy reads it; `decide` is the one apply-write-print, shared by this step,
 the backtest and the notebook API. Exit code 0 when the gate passes, 1 when it refuses (a DAG
-stops there), 2 on a malformed gate or report.
+stops there), 2 on a malformed gate, report or champion.
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ import json
 import operator
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 from hvd_ctsm import tracking
 from hvd_ctsm.errors import arg_parser, one_line
+from hvd_ctsm.evaluation import champion
 from hvd_ctsm.evaluation.metrics import RankingSums
 from hvd_ctsm.files.atomic import atomic_write_bytes
 from hvd_ctsm.files.storage import is_remote, location
@@ -31,10 +38,10 @@ OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 # What a rule may name, by protocol: a report's metrics (hvd_ctsm.evaluation.backtest).
 RANKING = [f"{metric}@{k}" for metric in ("ndcg", "hr") for k in RankingSums.ks] + ["mrr"]
 METRICS = {"full": RANKING, "sampled": RANKING, "sale": ["auc", "log_loss"]}
-CHAMPION_HELP = ("the deployed model: REGISTRY (its current version's report), a report file, "
-                 "or models:/NAME@champion (MLflow registry): do not be worse than it")
-CHAMPION_TAKES = ("--champion takes a registry folder (its current version), a version folder "
-                  "(REGISTRY/vNNNN), a backtest report (.json) or models:/NAME@ALIAS")
+CHAMPION_HELP = ("the deployed model: REGISTRY (its current version), a version folder, its "
+                 "backtest report, or models:/NAME@champion (MLflow registry): do not be worse "
+                 "than it on the same test targets (its report measured on other data: the "
+                 "backtest evaluates its model on these targets, the gate step refuses it)")
 GATE_HELP = ("rules, e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'; the metrics: [full.|sampled.]"
              f"{', '.join(RANKING)}; sale.auc, sale.log_loss")
 GATE = re.compile(r"^\s*([a-z_]+\.)?([a-z_]+(?:@\d+)?)\s*(>=|<=|>|<)\s*([0-9.eE+-]+)\s*$")
@@ -57,6 +64,9 @@ def parse_gate(text: str) -> list[tuple[str, str, str, float]]:
 
 
 def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) -> dict:
+    """The decision on `metrics`: each rule, then, given `champion` (its metrics on the same
+    targets as `model`, and a `record` of which: hvd_ctsm.evaluation.champion.rule_input), the
+    champion rule on full.ndcg@10."""
     checks = []
     for protocol, name, op, threshold in rules:
         value = metrics.get(protocol, {}).get(name)
@@ -73,44 +83,9 @@ def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) ->
         ours = metrics["full"]["ndcg@10"]
         checks.append({"rule": f"full.ndcg@10 >= champion {theirs:.5f} - {tolerance}",
                        "value": ours, "passed": bool(ours >= theirs - tolerance)})
+        if "record" in champion:  # which numbers the rule used (hvd_ctsm.evaluation.champion)
+            checks[-1]["champion"] = champion["record"]
     return {"passed": all(c["passed"] for c in checks), "checks": checks}
-
-
-def load_champion(ref: str | None, model_path: str | Path) -> dict | None:
-    """The champion's report for the gate: the folder registry's (REGISTRY: its current
-    version's backtest.json), a version folder's, a report file, or models:/NAME@champion from
-    the MLflow registry (the store of the model's run; None and a note when no version holds
-    the alias yet: the first deploy has nothing to beat)."""
-    if not ref:
-        return None
-    if ref.startswith("models:/"):
-        champion = tracking.champion_report(ref, model_file(model_path).parent)
-        if champion is None:
-            print(f"no model version holds {ref} yet: the champion rule is skipped")
-        return champion
-    path = Path(ref)
-    if not path.is_dir():
-        return read_report(path, ref)
-    report = model_file(path).parent / "backtest.json"
-    if not report.is_file():
-        raise ValueError(f"--champion {ref}: no deployed version's report there ({report} not "
-                         "found): name a registry deploy wrote to, or leave --champion out "
-                         "until the first deploy")
-    return read_report(report, ref)
-
-
-def read_report(path: Path, ref: str) -> dict:
-    """The report --champion names; anything else (a model.pt, another JSON) is one line saying
-    what --champion takes (a model.pt was "'utf-8' codec can't decode byte 0x80")."""
-    try:
-        report = json.loads(path.read_bytes())
-    except ValueError:  # not JSON, or not text at all (UnicodeDecodeError is a ValueError)
-        report = None
-    if not (isinstance(report, dict) and isinstance(report.get("model"), dict)):
-        hint = (f" (for the model deployed there, name its folder {path.parent})"
-                if (path.parent / "backtest.json").is_file() else "")
-        raise ValueError(f"--champion {ref}: not a backtest report{hint}; {CHAMPION_TAKES}")
-    return report
 
 
 def check_report_path(path: str | Path) -> None:
@@ -144,6 +119,14 @@ def decide(report: dict, rules, champion: dict | None, tolerance: float,
     return report["gate"]["passed"]
 
 
+def read_champion(ref: str | None, report: dict, path: str) -> dict | None:
+    """--champion's score on the report's targets, for the rule; a champion measured on other
+    data is refused (this step evaluates no model: the backtest does)."""
+    with tempfile.TemporaryDirectory(prefix="hvd_ctsm-champion-") as scratch:
+        rival = champion.load(ref, Path(report.get("model_path", ".")).parent, scratch)
+        return rival and champion.stored_for_gate(rival, report, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = arg_parser("hvd-ctsm gate", __doc__.splitlines()[0])
     p.add_argument("--report", type=location, required=True,
@@ -156,15 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rules = parse_gate(args.gate)
         report = json.loads(Path(args.report).read_text())
-        champion = load_champion(args.champion, Path(report.get("model_path", ".")).parent)
-        if not rules and champion is None:
+        theirs = read_champion(args.champion, report, args.report)
+        if not rules and theirs is None:
             raise ValueError("the gate names no rule: pass --gate (e.g. 'ndcg@10>=0.05') or "
                              "--champion")
-        apply_gate(report["model"], rules, champion, args.tolerance)  # bad report: exit 2
+        apply_gate(report["model"], rules, theirs, args.tolerance)  # bad report: exit 2
     except (ValueError, KeyError, OSError) as exc:
         print(f"hvd-ctsm gate: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    return 0 if decide(report, rules, champion, args.tolerance, args.report, "gate") else 1
+    return 0 if decide(report, rules, theirs, args.tolerance, args.report, "gate") else 1
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from hvd_ctsm.tracking.link import (CHAMPION, LINK_FILE, RunLink, is_model_uri, 
                                     registry_uri, tracking_uri)
 
 log = logging.getLogger("hvd_ctsm.tracking")
-__all__ = ["CHAMPION", "LINK_FILE", "RunLink", "champion_report", "download_model",
+__all__ = ["CHAMPION", "LINK_FILE", "RunLink", "champion_version", "download_model",
            "is_model_uri", "log_report", "metrics_writer", "mlflow_installed", "read_link",
            "register", "tracking_uri"]
 
@@ -102,17 +102,18 @@ def register(run_folder: str | Path, version: Path, report: dict) -> tuple[str, 
     return register_version(link, version, report)
 
 
-def champion_report(ref: str, near: str | Path | None = None) -> dict | None:
-    """The report of models:/NAME@ALIAS, read from the store of the run folder `near` (the
-    model being gated), else MLFLOW_TRACKING_URI; None when no version holds the alias yet."""
+def champion_version(ref: str, near: str | Path | None, destination: Path) -> Path | None:
+    """The version folder of models:/NAME@ALIAS (backtest.json, model.pt, metadata.json),
+    downloaded into `destination` from the store of the run folder `near` (the model being
+    gated), else MLFLOW_TRACKING_URI; None when no version holds the alias yet."""
     link = read_link(Path(near)) if near is not None and Path(near).is_dir() else None
     uri = link.tracking_uri if link else tracking_uri("", Path(near or "run"))[0]
     if not mlflow_installed():
         raise ValueError(f"--champion {ref} needs the mlflow package; pass the folder "
                          "registry instead (--champion REGISTRY: its current version's report)")
-    from hvd_ctsm.tracking.registry import champion_report as read_champion
+    from hvd_ctsm.tracking.registry import champion_version as download
 
-    return read_champion(uri, ref)
+    return download(uri, ref, destination)
 
 
 def download_model(ref: str, configured_uri: str, near: str | Path, destination: Path) -> Path:

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import mlflow
@@ -71,9 +70,10 @@ def register_version(link: RunLink, version: Path, report: dict) -> tuple[str, s
     return link.registered_model, number
 
 
-def champion_report(tracking_uri: str, ref: str) -> dict | None:
-    """The backtest report deployed with models:/NAME@ALIAS, or None when no version holds that
-    alias yet (the first deploy has nothing to beat)."""
+def champion_version(tracking_uri: str, ref: str, destination: Path) -> Path | None:
+    """The version folder deployed as models:/NAME@ALIAS (its backtest.json, model.pt and
+    metadata.json), downloaded into `destination`; None when no version holds that alias yet
+    (the first deploy has nothing to beat)."""
     match = MODEL_REF.match(ref)
     if not match:
         raise ValueError(f"--champion {ref!r}: expected models:/NAME@ALIAS (e.g. "
@@ -86,14 +86,14 @@ def champion_report(tracking_uri: str, ref: str) -> dict | None:
         if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             return None
         raise
-    with using_store(tracking_uri), tempfile.TemporaryDirectory() as folder:
+    with using_store(tracking_uri):
         local = mlflow.artifacts.download_artifacts(
-            artifact_uri=f"models:/{name}/{found.version}", dst_path=folder)
-        reports = sorted(Path(local).rglob("backtest.json"))
-        if not reports:
-            raise ValueError(f"{ref} (version {found.version}) holds no backtest.json: it was "
-                             "not registered by hvd_ctsm.serving.deploy")
-        return json.loads(reports[0].read_text())
+            artifact_uri=f"models:/{name}/{found.version}", dst_path=str(destination))
+    reports = sorted(Path(local).rglob("backtest.json"))
+    if not reports:
+        raise ValueError(f"{ref} (version {found.version}) holds no backtest.json: it was "
+                         "not registered by hvd_ctsm.serving.deploy")
+    return reports[0].parent
 
 
 def find_version(client: MlflowClient, ref: str):

@@ -214,7 +214,7 @@ def log_report(link: RunLink, report_path: Path, report: dict, step: str) -> Non
     decision as tags and the report file as an artifact."""
     run = TrackedRun(link)
     if step == "backtest":
-        for name in ("model", "popularity", "baseline"):
+        for name in ("model", "popularity", "baseline", "champion"):
             for protocol, values in (report.get(name) or {}).items():
                 if isinstance(values, dict):
                     for key, value in values.items():

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from hvd_ctsm.evaluation import backtest
+from hvd_ctsm.evaluation import backtest, gate
 from hvd_ctsm.serving import deploy
+from tests.helpers.other_targets import other_targets
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +52,75 @@ def test_backtest_gate_and_deploy(tiny_features, trained, tmp_path, capsys):
     assert {"model.pt", "config.yaml", "metadata.json", "vocab.json",
             "backtest.json"} <= {p.name for p in version.iterdir()}
     # A champion gate against the registry's deployed report: the same model is not worse
-    # than itself.
-    assert backtest.main(["--data", str(tiny_features), "--model", str(trained), "--report",
-                          str(tmp_path / "r2.json"), "--champion", str(registry),
+    # than itself. The same data, named by a relative path: its stored score, no evaluation.
+    capsys.readouterr()
+    assert backtest.main(["--data", os.path.relpath(tiny_features), "--model", str(trained),
+                          "--report", str(tmp_path / "r2.json"), "--champion", str(registry),
                           "--tolerance", "0"]) == 0
+    again = json.loads((tmp_path / "r2.json").read_text())
+    assert "champion" not in again and "champion:" not in capsys.readouterr().out
+    assert again["gate"]["checks"][-1]["champion"]["same_data"] is True
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_champion_from_other_data_is_evaluated_on_these_targets(tiny_features, trained,
+                                                                  tmp_path, capsys):
+    """backtest --champion compared the model's score on the new features' targets with the
+    champion's stored one from its own (older) features' targets. Now its model.pt is
+    evaluated on these targets: deployed from the same model, it scores what the model does."""
+    report, registry = tmp_path / "report.json", tmp_path / "registry"
+    assert backtest.main(["--data", str(tiny_features), "--model", str(trained),
+                          "--report", str(report), "--gate", "ndcg@10>=0"]) == 0
+    assert deploy.main(["--model", str(trained), "--report", str(report),
+                        "--registry", str(registry)]) == 0
+    stored = json.loads(report.read_text())["model"]["full"]["ndcg@10"]
+    other, new_report = other_targets(tiny_features, tmp_path / "newer"), tmp_path / "new.json"
+    capsys.readouterr()
+    assert backtest.main(["--data", str(other), "--model", str(trained), "--report",
+                          str(new_report), "--champion", str(registry), "--tolerance", "0"]) == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if line.startswith("champion:")]
+    assert len(said) == 1 and "model - champion" in out
+    assert said[0].startswith(f"champion: its report ({registry}: full.ndcg@10 {stored:.5f}) "
+                              "was measured on other data")
+    result = json.loads(new_report.read_text())
+    assert result["champion"]["full"] == result["model"]["full"]  # the same model and targets
+    assert result["champion_path"] == str(registry / "v0001" / "model.pt")
+    check = result["gate"]["checks"][-1]
+    assert check["champion"]["same_data"] is False and check["champion"]["stored_ndcg@10"] == stored
+    ours = result["model"]["full"]["ndcg@10"]
+    assert check["rule"] == f"full.ndcg@10 >= champion {ours:.5f} - 0.0" and check["passed"]
+    # The gate step reuses that evaluation; a report of that data without one is refused.
+    assert gate.main(["--report", str(new_report), "--champion", str(registry),
+                      "--tolerance", "0"]) == 0
+    for key in ("champion", "champion_path", "champion_sha256"):
+        result.pop(key)
+    new_report.write_text(json.dumps(result))
+    assert gate.main(["--report", str(new_report), "--champion", str(registry)]) == 2
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_champion_with_another_vocabulary_is_refused_before_the_work(tiny_features, trained,
+                                                                       tmp_path):
+    """A champion from other data whose model indexes items otherwise cannot be ranked on these
+    targets: one line naming the way out, before the model is evaluated."""
+    from hvd_ctsm.data.dataset_meta import DatasetError
+    from hvd_ctsm.model.checkpoint import load_state, save_state
+
+    version = tmp_path / "registry" / "v0007"
+    version.mkdir(parents=True)
+    state = load_state(trained / "model.pt")
+    state["vocab_sha256"] = "0" * 64  # trained on features with other items
+    report = {"model": {"full": {"ndcg@10": 0.5}}, "data": "old-features", "split": "test",
+              "data_sha256": "1" * 64, "model_sha256": save_state(version / "model.pt", state)}
+    (version / "backtest.json").write_text(json.dumps(report))
+    with pytest.raises(DatasetError, match="as --champion it cannot be evaluated on these "
+                                           "targets.*gate with --gate rules instead"):
+        backtest.main(["--data", str(tiny_features), "--model", str(trained), "--report",
+                       str(tmp_path / "r.json"), "--champion", str(version)])
+    assert not (tmp_path / "r.json").exists()
 
 
 @pytest.mark.spark

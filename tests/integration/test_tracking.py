@@ -154,6 +154,7 @@ def test_champion_moves_only_after_a_passed_gate(demo, capsys, monkeypatch):
     assert gate.main(["--report", str(report), "--gate", "ndcg@10>=0.02", *champion]) == 0
     checks = json.loads(report.read_text())["gate"]["checks"]
     assert checks[-1]["rule"].startswith("full.ndcg@10 >= champion")  # read from the registry
+    assert checks[-1]["champion"]["same_data"] is True  # its report: the same features
     assert deploy.main(["--model", str(model), "--report", str(report),
                         "--registry", str(demo / "registry")]) == 0
     client = MlflowClient(store_uri(demo))
@@ -293,3 +294,25 @@ def test_a_models_uri_that_names_nothing_is_one_line_and_exit_2(demo, spark, tmp
             assert "--tracking-uri" in err[0] or "models:/" in err[0]  # it names the fix
             assert not out.exists()
     assert not missing_store.parent.exists()  # no empty store was created
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_registered_champion_from_other_data_is_evaluated_on_these_targets(demo, tmp_path,
+                                                                             capsys, monkeypatch):
+    """backtest --champion models:/NAME@champion on other features than the champion's report
+    was measured on: the registered version's model.pt, downloaded, is evaluated on these
+    targets (the champion is the demo's model: it scores what the model does)."""
+    from hvd_ctsm.evaluation import backtest
+    from tests.helpers.other_targets import other_targets
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+    other, report = other_targets(demo / "features", tmp_path / "newer"), tmp_path / "new.json"
+    capsys.readouterr()
+    assert backtest.main(["--data", str(other), "--model", str(demo / "model"), "--report",
+                          str(report), "--champion", f"models:/{NAME}@champion",
+                          "--tolerance", "0"]) == 0
+    assert f"champion: its report (models:/{NAME}@champion: " in capsys.readouterr().out
+    result = json.loads(report.read_text())
+    assert result["champion"]["full"] == result["model"]["full"]
+    assert result["gate"]["checks"][-1]["champion"]["same_data"] is False

@@ -1,9 +1,12 @@
 """The gate as its own DAG step: it rewrites the report's decision, and deploy obeys it."""
 
+import hashlib
 import json
+import shutil
 
 import pytest
 
+from hvd_ctsm.data.schema import SCHEMA_VERSION
 from hvd_ctsm.evaluation import backtest, gate
 
 METRICS = {"full": {"ndcg@10": 0.12, "hr@10": 0.2}, "sampled": {"hr@10": 0.6}}
@@ -13,6 +16,30 @@ def write_report(path, metrics=METRICS, **fields):
     path.write_text(json.dumps({"model": metrics, "gate": {"passed": None, "checks": []},
                                 **fields}))
     return path
+
+
+def features(path, source):
+    """A feature folder as far as the gate reads one: its metadata.json (`source` sets it apart
+    from another build's)."""
+    path.mkdir(parents=True)
+    meta = {"schema_version": SCHEMA_VERSION, "max_len": 10, "vocab": {"items": 5},
+            "source": source}
+    (path / "metadata.json").write_text(json.dumps(meta))
+    return path
+
+
+def deployed(registry, data, ndcg, weights=b"weights"):
+    """REGISTRY/v0001 as deploy writes it: model.pt, a copy of its data's metadata.json, and
+    its report (measured on `data`, relative to where the backtest ran)."""
+    version = registry / "v0001"
+    version.mkdir(parents=True)
+    (version / "model.pt").write_bytes(weights)
+    shutil.copyfile(data / "metadata.json", version / "metadata.json")
+    write_report(version / "backtest.json", {"full": {"ndcg@10": ndcg}}, data="features",
+                 split="test", model_path="runs/model/model.pt",
+                 model_sha256=hashlib.sha256(weights).hexdigest())
+    (registry / "current").write_text("v0001\n")
+    return version
 
 
 def test_gate_step_passes_refuses_and_records_its_decision(tmp_path):
@@ -56,13 +83,37 @@ def test_the_champion_is_read_from_a_registry_or_a_version_folder(tmp_path, caps
     assert "leave --champion out until the first deploy" in err and len(err.splitlines()) == 1
 
 
+def test_the_gate_step_refuses_a_champion_measured_on_other_data(tmp_path, capsys, monkeypatch):
+    """The champion rule compared the report's full.ndcg@10 with the champion's stored one,
+    which another dataset's test targets gave, without a word. The gate step evaluates no model:
+    it refuses, naming the backtest; the same build (under another path, written relatively)
+    is the same data."""
+    old, new = features(tmp_path / "old", "old events"), features(tmp_path / "new", "new")
+    champion = write_report(tmp_path / "champion.json", {"full": {"ndcg@10": 0.125}},
+                            data=str(old), split="test")
+    report = write_report(tmp_path / "r.json", data=str(new), split="test")
+    args = ["--report", str(report), "--champion", str(champion), "--tolerance", "0.01"]
+    assert gate.main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "measured on other data" in err
+    assert "run hvd-ctsm backtest with --champion instead" in err
+    assert json.loads(report.read_text())["gate"]["passed"] is None  # nothing decided
+    shutil.copytree(old, tmp_path / "copy")
+    monkeypatch.chdir(tmp_path)
+    write_report(report, data="copy", split="test")
+    assert gate.main(args) == 0
+    check = json.loads(report.read_text())["gate"]["checks"][-1]
+    assert check["champion"]["same_data"] is True and check["value"] == 0.12
+    assert check["champion"]["used"] == "its report's score (same data)"
+    write_report(report, data="copy", split="validation")  # the same build's other targets
+    assert gate.main(args) == 2
+
+
 def test_a_model_file_as_champion_says_what_champion_takes(tmp_path, capsys):
     """--champion REGISTRY/v0001/model.pt was "'utf-8' codec can't decode byte 0x80"."""
     report = write_report(tmp_path / "r.json")
-    version = tmp_path / "registry" / "v0001"
-    version.mkdir(parents=True)
-    (version / "model.pt").write_bytes(b"\x80\x02weights")
-    write_report(version / "backtest.json", {"full": {"ndcg@10": 0.1}})
+    version = deployed(tmp_path / "registry", features(tmp_path / "features", "x"), 0.1,
+                       weights=b"\x80\x02weights")
     assert gate.main(["--report", str(report), "--champion", str(version / "model.pt")]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "codec" not in err
@@ -71,6 +122,58 @@ def test_a_model_file_as_champion_says_what_champion_takes(tmp_path, capsys):
     with pytest.raises(ValueError, match="--champion takes a registry folder"):
         backtest.main(["--data", "no-data", "--model", "no-model", "--report",
                        str(tmp_path / "b.json"), "--champion", str(version / "model.pt")])
+
+
+def fake_backtest(evaluated: list):
+    """run_backtest without models: the model scores 0.1 on any targets, and so does a champion
+    model handed to it (recorded in `evaluated`)."""
+    from hvd_ctsm.data.dataset_meta import metadata_sha256, read_metadata
+
+    def run(data, model, split, seed, baseline, champion_model):
+        evaluated.append(champion_model)
+        scores = {"full": {"ndcg@10": 0.1}}
+        report = {"split": split, "data": str(data), "model": scores,
+                  "data_sha256": metadata_sha256(read_metadata(data))}
+        if champion_model:
+            report |= {"champion": scores, "champion_path": str(champion_model),
+                       "champion_sha256": hashlib.sha256(b"weights").hexdigest()}
+        return report
+    return run
+
+
+def test_a_backtest_compares_with_the_champion_on_its_own_targets(tmp_path, capsys,
+                                                                  monkeypatch):
+    """The champion deployed from other data (its stored 0.2 came from other targets): the
+    backtest evaluates its model.pt on its own targets, says so in one line, and the rule and
+    the report use that score. On the same data: its stored score, no evaluation."""
+    monkeypatch.chdir(tmp_path)
+    registry, evaluated = tmp_path / "registry", []
+    version = deployed(registry, features(tmp_path / "features", "old events"), 0.2)
+    monkeypatch.setattr(backtest, "run_backtest", fake_backtest(evaluated))
+    monkeypatch.setattr(backtest, "print_table", lambda report: None)
+    report = tmp_path / "r.json"
+    args = ["--model", "run", "--report", str(report), "--champion", str(registry),
+            "--tolerance", "0"]
+    assert backtest.main(["--data", str(features(tmp_path / "new", "new events")), *args]) == 0
+    assert evaluated == [version / "model.pt"]
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith(f"champion: its report ({registry}: full.ndcg@10 0.20000) was "
+                           "measured on other data (features, test split); its model was "
+                           "evaluated on this backtest's targets")
+    check = json.loads(report.read_text())["gate"]["checks"][-1]
+    assert check["passed"] and check["rule"] == "full.ndcg@10 >= champion 0.10000 - 0.0"
+    assert check["champion"]["stored_ndcg@10"] == 0.2 and check["champion"]["same_data"] is False
+    assert check["champion"]["used"] == "its model, evaluated on this backtest's targets"
+    # the gate step on that report: the champion's score the backtest measured
+    assert gate.main(["--report", str(report), *args[4:]]) == 0
+    # the same build the champion was measured on: its stored 0.2, no model evaluated
+    assert backtest.main(["--data", "features", *args]) == 1
+    assert evaluated[-1] is None
+    # other data, and the model it measured is not there any more: refused before the work
+    (version / "model.pt").write_bytes(b"retrained")
+    with pytest.raises(ValueError, match="the model file it measured .* is neither beside it"):
+        backtest.main(["--data", "new", *args])
+    assert len(evaluated) == 2
 
 
 def test_malformed_gate_or_report_exits_2_and_keeps_the_report(tmp_path):
