@@ -69,6 +69,7 @@ class Champion:
     ref: str      # as given to --champion
     report: dict  # its backtest report, as stored
     path: Path    # that report's file (a downloaded copy for models:/)
+    unranked: str = ""  # why its model could not be evaluated on a backtest's targets
 
     @property
     def split(self) -> str:
@@ -100,6 +101,19 @@ class Champion:
 
     def data_line(self) -> str:
         return f"{self.report.get('data', 'data not recorded')}, {self.split} split"
+
+
+def indexes_as(model: Path, data: str) -> bool:
+    """Whether the model file indexes items as the dataset at `data` does (its vocab.json);
+    a file that does not load is left to the evaluation, which says why."""
+    from hvd_ctsm.data.dataset_meta import read_metadata
+    from hvd_ctsm.model.checkpoint import CheckpointError, load_state
+
+    try:
+        state = load_state(model)
+    except CheckpointError:
+        return True
+    return state.get("vocab_sha256") == read_metadata(data).vocab_sha256
 
 
 def read_report(path: Path, ref: str) -> dict:
@@ -144,6 +158,12 @@ def model_to_evaluate(rival: Champion, here: dict) -> tuple[bool | None, Path | 
     no model file: refused, before the backtest's work."""
     same = rival.same_data(here)
     model = None if same else rival.model_file()
+    if model is not None and not indexes_as(model, here["data"]):
+        # Features with items it never saw (the usual retrain, --previous-vocab): it cannot
+        # rank these targets, so the rule keeps its stored score, and says so.
+        rival.unranked = "its model indexes items otherwise than these features (items new " \
+            "since, or another vocabulary)"
+        return same, None
     if same is False and model is None:
         digest = rival.report.get("model_sha256")
         raise ValueError(f"--champion {rival.ref}: its report was measured on other data "
@@ -166,8 +186,9 @@ def rule_input(rival: Champion, report: dict, same: bool | None) -> dict:
         record |= {"used": "its model, evaluated on this backtest's targets",
                    "model_path": report.get("champion_path")}
         return {"model": report["champion"], "record": record}
-    record["used"] = "its report's score" + (" (same data)" if same else
-                                              " (which data it was measured on is not known)")
+    record["used"] = "its report's score" + (
+        " (same data)" if same else f" (other targets: {rival.unranked})" if rival.unranked
+        else " (which data it was measured on is not known)")
     return {"model": rival.report["model"], "record": record}
 
 
@@ -179,6 +200,10 @@ def say_measured(rival: Champion, report: dict, same: bool | None) -> None:
               f"on {how} ({rival.data_line()}); its model was evaluated on this backtest's "
               f"targets ({report['data']}, {report['split']} split): full.ndcg@10 "
               f"{report['champion']['full']['ndcg@10']:.5f}, which the champion rule uses")
+    elif rival.unranked:
+        print(f"champion: its report ({rival.ref}) was measured on other targets "
+              f"({rival.data_line()}) and {rival.unranked}, so it cannot be evaluated on these: "
+              f"the rule uses its stored full.ndcg@10 {rival.score:.5f}, from those targets")
     elif same is None:
         print(f"champion: which data its report ({rival.ref}) was measured on is not known and "
               f"its model file is not found: the rule uses its stored full.ndcg@10 "

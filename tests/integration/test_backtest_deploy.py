@@ -102,25 +102,29 @@ def test_a_champion_from_other_data_is_evaluated_on_these_targets(tiny_features,
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_a_champion_with_another_vocabulary_is_refused_before_the_work(tiny_features, trained,
-                                                                       tmp_path):
-    """A champion from other data whose model indexes items otherwise cannot be ranked on these
-    targets: one line naming the way out, before the model is evaluated."""
-    from hvd_ctsm.data.dataset_meta import DatasetError
+def test_a_champion_with_another_vocabulary_keeps_its_stored_score_and_says_so(
+        tiny_features, trained, tmp_path, capsys):
+    """A champion from other data whose model indexes items otherwise (the usual retrain: new
+    items since, features built with --previous-vocab) cannot be ranked on these targets: the
+    rule keeps its stored score, and one line says that it is from other targets."""
     from hvd_ctsm.model.checkpoint import load_state, save_state
 
     version = tmp_path / "registry" / "v0007"
     version.mkdir(parents=True)
     state = load_state(trained / "model.pt")
-    state["vocab_sha256"] = "0" * 64  # trained on features with other items
+    state["vocab_sha256"] = "0" * 64  # trained on features with fewer items
     report = {"model": {"full": {"ndcg@10": 0.5}}, "data": "old-features", "split": "test",
               "data_sha256": "1" * 64, "model_sha256": save_state(version / "model.pt", state)}
     (version / "backtest.json").write_text(json.dumps(report))
-    with pytest.raises(DatasetError, match="as --champion it cannot be evaluated on these "
-                                           "targets.*gate with --gate rules instead"):
-        backtest.main(["--data", str(tiny_features), "--model", str(trained), "--report",
-                       str(tmp_path / "r.json"), "--champion", str(version)])
-    assert not (tmp_path / "r.json").exists()
+    assert backtest.main(["--data", str(tiny_features), "--model", str(trained), "--report",
+                          str(tmp_path / "r.json"), "--champion", str(version)]) == 1
+    out = capsys.readouterr().out
+    assert "indexes items otherwise than these features" in out
+    assert "the rule uses its stored full.ndcg@10 0.50000, from those targets" in out
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert "champion" not in written  # not evaluated here
+    check = [c for c in written["gate"]["checks"] if "champion" in c["rule"]][0]
+    assert check["champion"]["used"].startswith("its report's score (other targets")
 
 
 @pytest.mark.spark
