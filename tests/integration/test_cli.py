@@ -62,12 +62,13 @@ def test_run_sh_train_checks_once_before_any_launcher_starts(backend, tiny_featu
 @pytest.mark.parametrize("backend", ["torch", "horovod"])
 def test_run_sh_train_exits_with_its_workers_code_not_the_launchers(backend, tiny_features,
                                                                     tmp_path):
-    """A dataset with a Parquet file deleted passes the check before launch (it reads the
-    metadata) and is refused by every worker, exit 2: ./run.sh train exits 2 too (before: the
-    launcher's 1, which the exit table reads as "refused by a gate", after its traceback)."""
+    """A dataset with a validation Parquet file deleted passes the check before launch (it
+    reads the metadata and the training split's files) and is refused by every worker, exit 2:
+    ./run.sh train exits 2 too (before: the launcher's 1, which the exit table reads as
+    "refused by a gate", after its traceback)."""
     data = tmp_path / "damaged"
     shutil.copytree(tiny_features, data)
-    sorted((data / "train").glob("*.parquet"))[1].unlink()
+    sorted((data / "validation").glob("*.parquet"))[1].unlink()
     env = {**os.environ, "NP": "2", "BACKEND": backend}
     proc = subprocess.run(["./run.sh", "train", "--data", str(data), "--out", str(tmp_path / "run"),
                            "epochs=1"], cwd=REPO, capture_output=True, text=True, env=env,
