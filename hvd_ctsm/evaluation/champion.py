@@ -210,6 +210,17 @@ def say_measured(rival: Champion, report: dict, same: bool | None) -> None:
               f"{rival.score:.5f}, which may be on other targets")
 
 
+def unranked_before(rival: Champion, report: dict) -> bool:
+    """Whether the backtest that wrote `report` found this champion's model unable to rank its
+    targets (rival.unranked), so that its rule used the stored score; notes the reason."""
+    for check in report.get("gate", {}).get("checks", []):
+        record = check.get("champion") or {}
+        if record.get("ref") == rival.ref and "other targets: " in record.get("used", ""):
+            rival.unranked = record["used"].split("other targets: ", 1)[1].rstrip(")")
+            return True
+    return False
+
+
 def stored_for_gate(rival: Champion, report: dict, path: str | Path) -> dict:
     """The gate step's champion (no model is evaluated there): its stored score when measured
     on the report's data; refused when on other data; with one line when it cannot be told."""
@@ -217,6 +228,9 @@ def stored_for_gate(rival: Champion, report: dict, path: str | Path) -> dict:
     evaluated = report.get("champion_sha256")  # the backtest evaluated a champion's model
     if not same and evaluated and evaluated == rival.report.get("model_sha256"):
         return rule_input(rival, report, same)  # this one's, on the report's own targets
+    if same is False and unranked_before(rival, report):  # as the backtest decided, and said
+        say_measured(rival, {}, same)
+        return rule_input(rival, {}, same)
     if same is False:
         raise ValueError(f"--champion {rival.ref}: its report was measured on other data "
                          f"({rival.data_line()}) than {path} ({report.get('data')}, "

@@ -125,6 +125,9 @@ def test_a_champion_with_another_vocabulary_keeps_its_stored_score_and_says_so(
     assert "champion" not in written  # not evaluated here
     check = [c for c in written["gate"]["checks"] if "champion" in c["rule"]][0]
     assert check["champion"]["used"].startswith("its report's score (other targets")
+    # the gate step on that report decides as the backtest did (not a refusal)
+    assert gate.main(["--report", str(tmp_path / "r.json"), "--champion", str(version)]) == 1
+    assert "the rule uses its stored full.ndcg@10 0.50000" in capsys.readouterr().out
 
 
 @pytest.mark.spark
