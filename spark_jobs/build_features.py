@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import datetime as dt
 import shutil
 import subprocess
 import sys
@@ -64,11 +65,19 @@ def _validated(spark, config, source):
         validate.raise_if_strict(counts)
     used = validate.used_events(counted)
     distinct = used.agg(
-        F.countDistinct("client_id").alias("c"), F.countDistinct("item_id").alias("i")
+        F.countDistinct("client_id").alias("c"), F.countDistinct("item_id").alias("i"),
+        F.min("timestamp").alias("t0"), F.max("timestamp").alias("t1"),
     )
-    row = distinct.first()
-    counts.update(clients=row["c"], items=row["i"])
+    row = distinct.first()  # the time range: what --cutoffs must fall inside
+    counts.update(clients=row["c"], items=row["i"], first_event=row["t0"], last_event=row["t1"])
     return used, counted, counts
+
+
+def day(seconds: int | None) -> str:
+    """A unix time as the ISO date --cutoffs takes (UTC)."""
+    if seconds is None:
+        return "none"
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _examples(config, source, used, vocabulary, n_used: int):
@@ -116,12 +125,16 @@ def input_paths(config: FeatureConfig) -> list[str]:
     return [p for p in paths if p]
 
 
-def _no_examples(name: str, counts: dict) -> ValueError:
+def _no_examples(name: str, counts: dict, config: FeatureConfig) -> ValueError:
     rejected = {k: v for k, v in counts["rejected"].items() if v}
     why = (f"{counts['used']} of {counts['input_rows']} input rows used, rejected by reason "
            f"{rejected}" if rejected else f"{counts['used']} input rows used")
-    return ValueError(f"split {name!r} has no examples ({why}): too little data, bad cutoffs, "
-                      "or timestamps in a format the job does not read (unix seconds or ISO)")
+    span = f"events from {day(counts['first_event'])} to {day(counts['last_event'])} UTC"
+    if config.cutoffs:
+        span += f", cutoffs {day(config.cutoffs[0])} and {day(config.cutoffs[1])}"
+    return ValueError(f"split {name!r} has no examples ({why}; {span}): too little data, bad "
+                      "cutoffs, or timestamps in a format the job does not read (unix seconds "
+                      "or ISO)")
 
 
 def _write_splits(config, examples, stats: dict, stage: Path, counts: dict) -> tuple[dict, dict]:
@@ -130,7 +143,7 @@ def _write_splits(config, examples, stats: dict, stage: Path, counts: dict) -> t
     for name in OUTPUT_SPLITS:
         rows = stats[name]["rows"] if name in stats else 0
         if rows == 0:
-            raise _no_examples(name, counts)
+            raise _no_examples(name, counts, config)
         data = examples.filter(F.col("split") == name).select(*names)
         started = time.time()
         groups = write.write_dataset(data, stage / name, rows, config.row_groups)
@@ -230,7 +243,8 @@ def _build(spark, config: FeatureConfig) -> dict:
             used, counted, counts = _validated(spark, config, source)
             lap("validate", f"{counts['input_rows']:,} events read, {counts['used']:,} used, "
                 f"{sum(counts['rejected'].values()):,} rejected; {counts['clients']:,} clients, "
-                f"{counts['items']:,} items")
+                f"{counts['items']:,} items; {day(counts['first_event'])} to "
+                f"{day(counts['last_event'])} UTC")
             vocabulary = vocab.build_vocab(used, source.item_attrs, source.client_attrs, previous)
             lap("vocabulary", "vocabularies made")
             examples = _examples(config, source, used, vocabulary, counts["used"]).persist(

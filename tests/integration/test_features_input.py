@@ -162,3 +162,15 @@ def test_a_dataset_folder_named_with_a_space_and_a_comma(spark, tmp_path, monkey
         monkeypatch.setenv("HVD_CTSM_READER", name)
         with open_reader(split_url(out, "train"), 0, 1, None, False, ["client_id"]) as rows:
             assert len(list(rows)) == meta["splits"]["train"]["rows"] > 0, name
+
+
+def test_a_time_split_with_no_targets_names_the_datas_time_range(spark, tmp_path):
+    """Cutoffs after the last event: the error said 'bad cutoffs' without saying when the
+    events are; it names their range now (and metadata.json keeps it for choosing cutoffs)."""
+    source = "synthetic:clients=40,items=20,events=600"  # 2020-01-01 onwards
+    with pytest.raises(ValueError, match=r"no examples \(600 input rows used; events from "
+                                         r"2020-01-0.* UTC, cutoffs 2030-01-01 00:00:00 and"):
+        build_features(spark, FeatureConfig(source=source, out=str(tmp_path / "out"), max_len=20,
+                                            row_groups=2, split="time",
+                                            cutoffs="2030-01-01,2030-02-01"))
+    assert not (tmp_path / "out").exists()
