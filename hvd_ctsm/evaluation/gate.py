@@ -6,10 +6,11 @@
 
 The decision also goes to the model's MLflow run when it was tracked (hvd_ctsm.tracking).
 
-The champion rule compares scores on the same test targets only (hvd_ctsm.evaluation.champion):
-this step evaluates no model, so a champion whose report was measured on other data than this
-report's is refused (exit 2), naming the fix: `hvd-ctsm backtest ... --champion`, which
-evaluates the champion's model on its own targets.
+The champion rule compares scores on the same test targets where it can
+(hvd_ctsm.evaluation.champion): this step evaluates no model, so for a champion whose report was
+measured on other data than this report's it decides as the backtest that wrote the report did,
+and refuses (exit 2) one that backtest did not compare with, naming the fix: `hvd-ctsm backtest
+... --champion`.
 
 The decision is written into the report (its `gate` field, atomically), where
 hvd_ctsm.serving.deploy reads it; `decide` is the one apply-write-print, shared by this step,
@@ -41,7 +42,8 @@ METRICS = {"full": RANKING, "sampled": RANKING, "sale": ["auc", "log_loss"]}
 CHAMPION_HELP = ("the deployed model: REGISTRY (its current version), a version folder, its "
                  "backtest report, or models:/NAME@champion (MLflow registry): do not be worse "
                  "than it on the same test targets (its report measured on other data: the "
-                 "backtest evaluates its model on these targets, the gate step refuses it)")
+                 "backtest evaluates its model on these targets where its vocabulary allows; "
+                 "README, 'The champion rule')")
 GATE_HELP = ("rules, e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'; the metrics: [full.|sampled.]"
              f"{', '.join(RANKING)}; sale.auc, sale.log_loss")
 GATE = re.compile(r"^\s*([a-z_]+\.)?([a-z_]+(?:@\d+)?)\s*(>=|<=|>|<)\s*([0-9.eE+-]+)\s*$")
