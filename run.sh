@@ -241,6 +241,8 @@ elastic() {
     if [[ -z ${HOSTS_SCRIPT:-} ]]; then
         threads=("dist.threads_per_rank=$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))")
     fi
+    # The checks rank 0 makes, once and first: a refused run folder left rank 1 waiting 30 s
+    step train --elastic --check ${CONFIG:+--config "$CONFIG"} "$@" >/dev/null
     launched horovodrun -np 2 --min-np 1 --max-np 2 \
         --host-discovery-script "${HOSTS_SCRIPT:-$REPO/scripts/local_hosts.sh}" \
         --network-interface lo --blacklist-cooldown-range 10 60 --gloo \

@@ -335,6 +335,10 @@ def check_launch(cfg: TrainConfig, options) -> None:
     if options.elastic and cfg.data.balance != "rows":
         raise ConfigError(f"data.balance={cfg.data.balance} is for the plain route; --elastic "
                           "batches by rows: drop the setting or --elastic")
+    if options.elastic:  # before the run folder is checked, and --overwrite empties it
+        from hvd_ctsm.train.elastic import check_elastic_config
+
+        check_elastic_config(cfg)
 
 
 def parameter_checksum(model: torch.nn.Module) -> str:

@@ -245,3 +245,20 @@ def test_run_sh_takes_relative_paths_from_where_it_is_run(tmp_path):
                           timeout=300, env={**os.environ, **RUN_SH_ENV})
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "r1.json").read_text())["gate"]["passed"] is True
+
+
+def test_an_elastic_setting_it_does_not_take_is_refused_before_overwrite_empties_the_run(
+        tmp_path):
+    """`--elastic --overwrite dist.backward_passes_per_step=2` into a finished run: the run
+    folder was emptied, then the elastic loop refused the setting (the run was lost)."""
+    from hvd_ctsm.files import outputs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    outputs.mark(run, "run")
+    (run / "model.pt").write_bytes(b"a finished run's model")
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["train", "--data", str(tmp_path / "data"), "--out", str(run), "--elastic",
+                  "--overwrite", "dist.backward_passes_per_step=2"])
+    assert "--elastic" in str(refused.value)  # the setting, or (current stack) Horovod itself
+    assert (run / "model.pt").read_bytes() == b"a finished run's model"
