@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 NAME = re.compile(r"^step-(\d{9})\.pt$")
 
 
-class CheckpointError(RuntimeError):
-    pass
+class CheckpointError(RuntimeError, ValueError):
+    """A model or checkpoint file that does not load: bad input (exit 2: another file, or
+    `--model` naming something else), not a crash."""
 
 
 def model_file(path: str | Path) -> Path:
@@ -78,7 +79,9 @@ def load_state(path: Path) -> dict:
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001  any unpickling failure means a bad file
-        raise CheckpointError(f"{path}: cannot be loaded: {exc}") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: cannot be loaded: not a model or checkpoint this "
+                              f"package saved, or a damaged one ({first[:160]})") from exc
 
 
 class CheckpointManager:

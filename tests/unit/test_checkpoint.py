@@ -114,3 +114,15 @@ def test_lr_rules_and_warmup():
     assert factor(0) == 0.25  # warm-up starts at the unscaled lr
     assert factor(10) == 1.0  # and reaches the scaled lr
     assert abs(factor(110) - 0.1) < 1e-9  # cosine ends at min_lr_ratio
+
+
+def test_a_file_that_is_not_a_model_is_bad_input_not_a_crash(tmp_path):
+    """`score --model report.json` said 'crashed: CheckpointError ...', exit 3."""
+    from hvd_ctsm.errors import EXIT_BAD_INPUT, exit_code_for
+    from hvd_ctsm.model.checkpoint import CheckpointError, load_state
+
+    report = tmp_path / "r.json"
+    report.write_text("{}")
+    with pytest.raises(CheckpointError, match="cannot be loaded: not a model or checkpoint") as e:
+        load_state(report)
+    assert exit_code_for(e.value) == EXIT_BAD_INPUT and "\n" not in str(e.value)
