@@ -47,6 +47,10 @@ def check_report(report: dict, model: Path) -> None:
         raise DeployRefused(f"refusing to deploy: {reason} in the report; the report keeps the "
                             "last gate applied to it: apply the one you mean with `hvd-ctsm "
                             "gate --report REPORT --gate RULES` (or the backtest's --gate)")
+    if report.get("split", "test") != "test":  # the split the model was chosen on
+        raise DeployRefused(f"refusing to deploy: the report's gate was passed on the "
+                            f"{report['split']} split, which picked the model's epoch; gate a "
+                            "backtest of the test split (hvd-ctsm backtest, its default)")
     digest = hashlib.sha256(model.read_bytes()).hexdigest()
     if report.get("model_sha256") != digest:
         raise DeployRefused("refusing to deploy: the report was made for another model file")

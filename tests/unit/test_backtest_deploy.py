@@ -52,3 +52,21 @@ def test_a_long_backtest_says_how_far_it_is_and_passes_every_batch_on(capsys):
     quick = with_progress(iter(batches), 600, "backtest: model", "clients ranked", size)
     assert list(quick) == batches
     assert capsys.readouterr().err == ""  # under 30 s: quiet
+
+
+def test_deploy_refuses_a_gate_passed_on_the_validation_split(tmp_path):
+    """A validation-split report (the split that picked the model's epoch) was deployed, and
+    moved MLflow's champion, without a word."""
+    import hashlib
+
+    import pytest
+
+    from hvd_ctsm.serving.deploy import DeployRefused, check_report
+
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"weights")
+    report = {"split": "validation", "gate": {"passed": True, "checks": []},
+              "model_sha256": hashlib.sha256(b"weights").hexdigest()}
+    with pytest.raises(DeployRefused, match="passed on the validation split"):
+        check_report(report, model)
+    check_report(report | {"split": "test"}, model)  # the test split's report: deployed
