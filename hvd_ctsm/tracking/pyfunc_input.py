@@ -53,6 +53,10 @@ def _one_history(record: dict, position: int, items: dict, attrs: dict[str, dict
     if unknown:
         raise HistoryError(f"client {client}: unknown event types {unknown}; use "
                            f"{sorted(EVENT_TYPE_INDEX)}")
+    values = np.asarray(columns["values"] or [0.0] * len(raw), dtype=np.float64)
+    if not np.isfinite(values).all() or (np.abs(values) > 3.0e38).any():  # float32's range
+        raise HistoryError(f"client {client}: `values` must be finite numbers (float32's "
+                           f"range); got {[v for v in values.tolist() if not abs(v) < 3e38][:3]}")
     known = [i for i, item in enumerate(raw) if str(item) in items][-max_len:]
     times = np.asarray(columns["timestamps"] or [0] * len(raw), dtype=np.int64)[known]
     gaps = log_hours(np.diff(times, prepend=times[:1])) if len(times) else np.zeros(0)
