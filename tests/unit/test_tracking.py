@@ -97,8 +97,9 @@ def test_a_run_in_the_default_local_store(tmp_path, monkeypatch):
 
 
 def test_the_pyfunc_refuses_values_that_are_not_finite():
-    """values of [nan, 1.0] or [1.0, 1e30] gave empty recommendations without a word (the
-    scores became NaN, and NaN scores read as 'fewer unseen items than K')."""
+    """values of [nan, 1.0] or [1.0, inf] gave empty recommendations without a word (the
+    scores became NaN, and NaN scores read as 'fewer unseen items than K'); so does a value
+    beyond float32's range, which becomes inf on the way in."""
     import pandas as pd
 
     from hvd_ctsm.tracking.pyfunc_input import HistoryError, history_rows
@@ -106,7 +107,7 @@ def test_the_pyfunc_refuses_values_that_are_not_finite():
     vocab, meta = {"items": ["<pad>", "a", "b"], "attrs": {}}, {"attrs": []}
     ok = pd.DataFrame({"client_id": ["c1"], "items": [["a", "b"]], "values": [[1.0, 2.0]]})
     assert history_rows(ok, vocab, meta, max_len=10)[0].history_len == 2
-    for bad in ([float("nan"), 1.0], [1.0, 1e30], [1.0, float("inf")]):
+    for bad in ([float("nan"), 1.0], [1.0, 1e39], [1.0, float("inf")]):
         frame = pd.DataFrame({"client_id": ["c1"], "items": [["a", "b"]], "values": [bad]})
         with pytest.raises(HistoryError, match="client c1: `values` must be finite numbers"):
             history_rows(frame, vocab, meta, max_len=10)
