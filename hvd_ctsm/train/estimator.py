@@ -17,6 +17,7 @@ a driver script must keep its work under a `__main__` guard (as this module does
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -168,6 +169,17 @@ def write_predictions(spark, data: str, store: str, out: str, overwrite: bool = 
     return rows
 
 
+def at_least_one(text: str) -> int:
+    """A whole number >= 1 (0 crashed deep in Spark, Horovod or torch, exit 3)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = arg_parser("hvd_ctsm.train.estimator", __doc__.splitlines()[0])
     p.add_argument("--data", type=location, required=True, help="feature job output folder")
@@ -176,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="predictions of the test split (Parquet folder)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an OUT that an earlier run of this command wrote")
-    p.add_argument("--num-proc", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--max-len", type=int, default=20, help="history length fed to the model")
+    p.add_argument("--num-proc", type=at_least_one, default=2, help="training ranks (tasks)")
+    p.add_argument("--epochs", type=at_least_one, default=2)
+    p.add_argument("--max-len", type=at_least_one, default=20,
+                   help="history length fed to the model")
     p.add_argument("--master", default=None, help="Spark master (default local[NUM_PROC])")
     args = p.parse_args(argv)
     from hvd_ctsm.data.dataset_meta import DatasetError, read_metadata

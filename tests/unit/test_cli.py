@@ -262,3 +262,16 @@ def test_an_elastic_setting_it_does_not_take_is_refused_before_overwrite_empties
                   "--overwrite", "dist.backward_passes_per_step=2"])
     assert "--elastic" in str(refused.value)  # the setting, or (current stack) Horovod itself
     assert (run / "model.pt").read_bytes() == b"a finished run's model"
+
+
+@pytest.mark.parametrize("flag", ["--num-proc", "--epochs", "--max-len"])
+def test_the_estimators_counts_are_whole_numbers_from_one(flag, tmp_path, capsys):
+    """--num-proc 0 crashed in Spark, --epochs 0 after 20 s in mpirun, --max-len 0 in torch
+    (each exit 3); now argparse's one line and exit 2, before Spark starts."""
+    from hvd_ctsm.train import estimator
+
+    with pytest.raises(SystemExit) as refused:
+        estimator.main(["--data", str(tmp_path), "--store", str(tmp_path / "s"), "--out",
+                        str(tmp_path / "o"), flag, "0"])
+    assert refused.value.code == 2
+    assert f"argument {flag}: expected a whole number >= 1, got '0'" in capsys.readouterr().err
