@@ -11,7 +11,9 @@ its latest events, all of them, so the state is the one after the client's newes
 Features built before the serving split existed have none: scoring then falls back to the `test`
 rows, whose histories stop before each client's last event (the held-out target), and logs a
 warning saying to rebuild the features.
-`--split test|validation` scores those rows on purpose (e.g. to compare with a backtest).
+`--split test|validation` scores those rows on purpose (what the model would have recommended
+at that time); they exclude every item the client ever had, the held-out target too, so their
+hits are not the backtest's, which excludes only the items before the target.
 Items the client ever had (`client_items`, every event included) and padding are never
 recommended. Output rows: client_id, rank (1..K), item_id (the raw id from vocab.json), item
 (its index), score (next-item logit) and p_sale (when the model has that head). The Parquet
@@ -216,7 +218,8 @@ def scoring_parser(prog: str, description: str, out: str) -> argparse.ArgumentPa
     p.add_argument("--k", type=int, default=10, help="items per client (default 10)")
     p.add_argument("--split", default=None, choices=SCORABLE_SPLITS,
                    help="the rows to score from (default serving: every client's latest events; "
-                        "test for features built before the serving split, with a warning)")
+                        "test for features built before the serving split, with a warning); "
+                        "every item a client ever had is excluded, a test row's target too")
     p.add_argument("--json", action="store_true",
                    help="say what was scored as one JSON line (for scripts), not a sentence")
     return p
