@@ -261,8 +261,14 @@ def check_allreduce(transport: str = "gloo") -> Check:
 
 
 def check_spark() -> Check:
-    java = shutil.which("java")
-    if java is None:
+    # Spark starts $JAVA_HOME/bin/java when JAVA_HOME is set, else the java on PATH.
+    home = os.environ.get("JAVA_HOME")
+    if home and not os.access(os.path.join(home, "bin", "java"), os.X_OK):
+        return Check("java + spark", False, f"JAVA_HOME={home} has no bin/java",
+                     cause="Spark starts $JAVA_HOME/bin/java",
+                     fix="point JAVA_HOME at a Java 17 installation, or unset it to use the "
+                         "java on PATH")
+    if not home and shutil.which("java") is None:
         return Check("java + spark", False, "java not found", cause="Spark needs Java 17",
                      fix="apt-get install openjdk-17-jre-headless (./run.sh setup does)")
     from hvd_ctsm.spark_session import get_spark

@@ -33,3 +33,14 @@ def test_each_stack_accepts_the_pythons_it_was_verified_on(monkeypatch):
 def test_a_long_check_name_keeps_a_space_before_its_detail():
     line = doctor.format_line(doctor.Check("allreduce (torch gloo, 2 ranks)", True, "exact sum"))
     assert line.startswith("OK   allreduce (torch gloo, 2 ranks) exact sum")
+
+
+def test_a_java_home_without_java_is_named_with_its_fix(monkeypatch, tmp_path):
+    """JAVA_HOME=/nowhere failed as 'spark raised JAVA_GATEWAY_EXITED' with the fix to
+    reinstall the stack; a good JAVA_HOME without java on PATH failed as 'java not found'."""
+    from hvd_ctsm.doctor import check_spark
+
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nowhere"))
+    check = check_spark()
+    assert not check.ok and check.detail == f"JAVA_HOME={tmp_path / 'nowhere'} has no bin/java"
+    assert "point JAVA_HOME at a Java 17" in check.fix
