@@ -80,10 +80,30 @@ def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **
         builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # noqa: BLE001  pyspark's error type differs between 3.5 and 4
+        if "JAVA_GATEWAY_EXITED" not in str(exc) and "Java gateway process exited" not in str(exc):
+            raise
+        raise RuntimeError(no_java_line()) from None
     spark.sparkContext.setLogLevel("ERROR")
     cancel_jobs_on_ctrl_c(spark.sparkContext)
     return spark
+
+
+def no_java_line() -> str:
+    """Why Spark's JVM did not start, as far as this process can tell, and the fix."""
+    import shutil
+
+    home = os.environ.get("JAVA_HOME")
+    if home and not os.access(os.path.join(home, "bin", "java"), os.X_OK):
+        return (f"Spark's JVM did not start: JAVA_HOME={home} has no bin/java; point it at a "
+                "Java 17 installation or unset it (hvd-ctsm doctor checks Java and Spark)")
+    if not home and shutil.which("java") is None:
+        return ("Spark's JVM did not start: no java on PATH; install Java 17 (./run.sh setup "
+                "does: openjdk-17-jre-headless)")
+    return ("Spark's JVM did not start (its own error is above); hvd-ctsm doctor checks Java "
+            "and Spark")
 
 
 def cancel_jobs_on_ctrl_c(sc) -> None:

@@ -44,3 +44,11 @@ def test_a_java_home_without_java_is_named_with_its_fix(monkeypatch, tmp_path):
     check = check_spark()
     assert not check.ok and check.detail == f"JAVA_HOME={tmp_path / 'nowhere'} has no bin/java"
     assert "point JAVA_HOME at a Java 17" in check.fix
+
+
+def test_a_spark_that_cannot_start_its_jvm_names_java_home(monkeypatch, tmp_path):
+    """hvd-ctsm features with JAVA_HOME=/nowhere said 'crashed ... JAVA_GATEWAY_EXITED'."""
+    from hvd_ctsm.spark_session import no_java_line
+
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nowhere"))
+    assert f"JAVA_HOME={tmp_path / 'nowhere'} has no bin/java" in no_java_line()
