@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 
 from hvd_ctsm import distributed as dist
-from hvd_ctsm.config import ConfigError
 from hvd_ctsm.data.arrow_reader import (RowGroup, read_row_group,  # noqa: F401  (re-exported)
                                         row_groups)
 from hvd_ctsm.data.batches import DatasetError, collate
@@ -113,17 +112,6 @@ class SampleClock:
 
     def step(self) -> int:
         return self.samples // self.unit
-
-
-def check_elastic_config(cfg) -> None:
-    """Settings the elastic loop does not take (ConfigError: checked at launch, before the run
-    folder, which --overwrite empties: a refusal after that lost the earlier run)."""
-    if cfg.dist.backward_passes_per_step != 1:
-        raise ConfigError("config: --elastic trains with dist.backward_passes_per_step=1 only")
-    if cfg.max_steps:
-        raise ConfigError("config: --elastic has no max_steps; stop with epochs")
-    if cfg.anneal_after_evals:
-        raise ConfigError("config: --elastic has no anneal_after_evals yet; set it to 0")
 
 
 def announce_size(state, out: Path, started: float) -> None:

@@ -17,10 +17,9 @@ import torch
 from hvd_ctsm import distributed as dist
 from hvd_ctsm.train import faults
 from hvd_ctsm.train.elastic import (GlobalOrder, RowGroupCache, SampleClock, announce_size,
-                                    check_elastic_config, epoch_batches, plan_or_fail, row_groups,
-                                    set_lr_scale)
-from hvd_ctsm.train.support import (lr_scale, lr_schedule, make_optimizer, progress_bar, warm_start,
-                                    with_item_decay_resolved)
+                                    epoch_batches, plan_or_fail, row_groups, set_lr_scale)
+from hvd_ctsm.train.support import (check_elastic_config, lr_scale, lr_schedule, make_optimizer,
+                                    progress_bar, warm_start, with_item_decay_resolved)
 from hvd_ctsm.train.trainer import Trainer, start_rank
 
 

@@ -336,9 +336,18 @@ def check_launch(cfg: TrainConfig, options) -> None:
         raise ConfigError(f"data.balance={cfg.data.balance} is for the plain route; --elastic "
                           "batches by rows: drop the setting or --elastic")
     if options.elastic:  # before the run folder is checked, and --overwrite empties it
-        from hvd_ctsm.train.elastic import check_elastic_config
-
         check_elastic_config(cfg)
+
+
+def check_elastic_config(cfg) -> None:
+    """Settings the elastic loop does not take (ConfigError: checked at launch, before the run
+    folder, which --overwrite empties: a refusal after that lost the earlier run)."""
+    if cfg.dist.backward_passes_per_step != 1:
+        raise ConfigError("config: --elastic trains with dist.backward_passes_per_step=1 only")
+    if cfg.max_steps:
+        raise ConfigError("config: --elastic has no max_steps; stop with epochs")
+    if cfg.anneal_after_evals:
+        raise ConfigError("config: --elastic has no anneal_after_evals yet; set it to 0")
 
 
 def parameter_checksum(model: torch.nn.Module) -> str:
