@@ -15,6 +15,8 @@ import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from hvd_ctsm.files.outputs import deployed_version
+
 PAD = "<pad>"
 UNKNOWN = "<unknown>"
 
@@ -47,10 +49,7 @@ def value_counts(df: DataFrame, column: str) -> dict[str, int]:
 def vocab_file(path: str) -> Path:
     """A vocab.json, or a folder holding one: a feature dataset, a registry version, or a
     registry (its current version's, the pointer hvd_ctsm.serving.deploy writes)."""
-    found = Path(path)
-    pointer = found / "current"
-    if pointer.is_file():
-        found = found / pointer.read_text().strip()
+    found = deployed_version(path) or Path(path)
     return found / "vocab.json" if found.is_dir() else found
 
 

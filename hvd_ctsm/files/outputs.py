@@ -29,6 +29,15 @@ KINDS = ("features", "run", "scores", "predictions", "registry")
 STALE_ELSEWHERE_S = 24 * 3600  # a temp folder of another host's job is stale after a day
 
 
+CURRENT = "current"  # the registry's pointer file: the name of its deployed version's folder
+
+
+def deployed_version(registry: str | Path) -> Path | None:
+    """The folder a registry's `current` names (hvd_ctsm.serving.deploy writes it), or None."""
+    pointer = Path(registry) / CURRENT
+    return Path(registry) / pointer.read_text().strip() if pointer.is_file() else None
+
+
 class UnsafeOutputError(FileExistsError):
     """Writing or replacing this output could destroy data we did not create."""
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from hvd_ctsm.files.atomic import atomic_write_bytes, fsync_dir
+from hvd_ctsm.files.outputs import deployed_version
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"^step-(\d{9})\.pt$")
@@ -32,10 +33,7 @@ class CheckpointError(RuntimeError, ValueError):
 def model_file(path: str | Path) -> Path:
     """Where a model is, however it is named: a registry (its `current` version, the pointer
     hvd_ctsm.serving.deploy writes), a run or version folder, or a model.pt itself."""
-    path = Path(path)
-    pointer = path / "current"
-    if pointer.is_file():
-        path = path / pointer.read_text().strip()
+    path = deployed_version(path) or Path(path)
     return path / "model.pt" if path.is_dir() else path
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from hvd_ctsm import tracking
 from hvd_ctsm.errors import arg_parser
+from hvd_ctsm.files import outputs
 from hvd_ctsm.files.atomic import FOLDER_MODE, atomic_write_bytes, set_mode
 from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import model_file
@@ -107,7 +108,6 @@ def holds(version: Path, files: dict[str, Path]) -> bool:
 
 
 def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path) -> Path:
-    from hvd_ctsm.files import outputs
     model = model_file(model_path)
     if not model.is_file():
         raise FileNotFoundError(2, "no model.pt here: pass a run folder or a model.pt", str(model))
@@ -134,7 +134,7 @@ def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path
         shutil.rmtree(staging, ignore_errors=True)
         raise
     verify_version(registry / version, files)
-    atomic_write_bytes(registry / "current", f"{version}\n".encode())
+    atomic_write_bytes(registry / outputs.CURRENT, f"{version}\n".encode())
     register_in_mlflow(model.parent, registry / version, report)
     return registry / version
 
@@ -160,8 +160,7 @@ def register_in_mlflow(run_folder: Path, version: Path, report: dict) -> None:
 
 def current(registry: str | Path) -> Path | None:
     """The deployed version's folder, or None."""
-    pointer = Path(registry) / "current"
-    return Path(registry) / pointer.read_text().strip() if pointer.exists() else None
+    return outputs.deployed_version(registry)
 
 
 def main(argv: list[str] | None = None) -> int:
