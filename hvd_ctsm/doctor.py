@@ -261,18 +261,12 @@ def check_allreduce(transport: str = "gloo") -> Check:
 
 
 def check_spark() -> Check:
-    # Spark starts $JAVA_HOME/bin/java when JAVA_HOME is set, else the java on PATH.
-    home = os.environ.get("JAVA_HOME")
-    if home and not os.access(os.path.join(home, "bin", "java"), os.X_OK):
-        return Check("java + spark", False, f"JAVA_HOME={home} has no bin/java",
-                     cause="Spark starts $JAVA_HOME/bin/java",
-                     fix="point JAVA_HOME at a Java 17 installation, or unset it to use the "
-                         "java on PATH")
-    if not home and shutil.which("java") is None:
-        return Check("java + spark", False, "java not found", cause="Spark needs Java 17",
-                     fix="apt-get install openjdk-17-jre-headless (./run.sh setup does)")
-    from hvd_ctsm.spark_session import get_spark
+    from hvd_ctsm.spark_session import get_spark, java_problem
 
+    problem = java_problem()
+    if problem:
+        return Check("java + spark", False, problem[0], cause="Spark needs Java 17",
+                     fix=problem[1])
     spark = get_spark(master="local[2]", app_name="hvd_ctsm-doctor")
     count = spark.range(1000).selectExpr("sum(id) as s").first()["s"]
     ok = count == 499500

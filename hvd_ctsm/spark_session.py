@@ -91,17 +91,25 @@ def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **
     return spark
 
 
-def no_java_line() -> str:
-    """Why Spark's JVM did not start, as far as this process can tell, and the fix."""
+def java_problem() -> tuple[str, str] | None:
+    """(what is wrong, the fix) when Spark cannot start a JVM here, or None: Spark starts
+    $JAVA_HOME/bin/java when JAVA_HOME is set, else the java on PATH."""
     import shutil
 
     home = os.environ.get("JAVA_HOME")
     if home and not os.access(os.path.join(home, "bin", "java"), os.X_OK):
-        return (f"Spark's JVM did not start: JAVA_HOME={home} has no bin/java; point it at a "
-                "Java 17 installation or unset it (hvd-ctsm doctor checks Java and Spark)")
+        return (f"JAVA_HOME={home} has no bin/java",
+                "point JAVA_HOME at a Java 17 installation, or unset it to use the java on PATH")
     if not home and shutil.which("java") is None:
-        return ("Spark's JVM did not start: no java on PATH; install Java 17 (./run.sh setup "
-                "does: openjdk-17-jre-headless)")
+        return ("java not found", "apt-get install openjdk-17-jre-headless (./run.sh setup does)")
+    return None
+
+
+def no_java_line() -> str:
+    """Why Spark's JVM did not start, as far as this process can tell, and the fix."""
+    problem = java_problem()
+    if problem:
+        return f"Spark's JVM did not start: {problem[0]}; {problem[1]}"
     return ("Spark's JVM did not start (its own error is above); hvd-ctsm doctor checks Java "
             "and Spark")
 
