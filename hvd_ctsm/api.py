@@ -40,19 +40,16 @@ def train_model(spark, data: str, out: str, num_proc: int = 2, config: str | Non
     init_from: a model.pt (or registry version) to warm-start from;
     overwrite: start afresh in a run folder this project wrote (--overwrite); resume: go on from
     its latest checkpoint (--resume). A folder holding a run is refused without one of them."""
-    from hvd_ctsm.config import load_config
     from hvd_ctsm.serving.score import resolve_model
-    from hvd_ctsm.train.launch import LaunchOptions
-    from hvd_ctsm.train.run_folder import resumed_settings
+    from hvd_ctsm.train.launch import LaunchOptions, parse_command
     from hvd_ctsm.train.spark_train import train_on_spark
 
-    epochs_override = [] if epochs is None else [f"epochs={epochs}"]
-    settings = [*overrides, f"data.path={location(str(data))}", f"out={location(str(out))}",
-                *epochs_override]
-    cfg = load_config(config or "default", settings)
-    saved = resumed_settings(cfg) if resume and config is None else None
-    if saved:  # as --resume: the run as it was set up, these overrides on top
-        cfg = load_config(str(saved), settings)
+    # The command line's way to a config: --resume without --config takes the run's own
+    argv = ["--data", location(str(data)), "--out", location(str(out)), *overrides,
+            *(["--config", config] if config else []),
+            *(["--epochs", str(epochs)] if epochs is not None else []),
+            *(["--resume"] if resume else [])]
+    cfg = parse_command(argv)[0]
     warm = str(resolve_model(location(str(init_from)))) if init_from else None
     options = LaunchOptions(resume=resume, overwrite=overwrite, init_from=warm)
     return train_on_spark(cfg, num_proc=num_proc, spark=spark, options=options)
