@@ -13,10 +13,11 @@ the model, decodes its Petastorm rows and yields its clients' top-K. A registere
 (models:/NAME@ALIAS, --tracking-uri) is scored the same way: the driver downloads the version's
 own files (hvd_ctsm.serving.score.model_source) and broadcasts its model.pt. Rows come from the
 `serving` split (every client's latest events) or, for features built before it existed, from
-the `test` split with a warning (hvd_ctsm.serving.score.scoring_split). The output folder is built
-under a temporary name and renamed into place when complete. `--out table:NAME` writes a table
-of the session's catalog instead (Unity Catalog's `catalog.schema.table` on Databricks), written
-by one Spark job; an existing table is replaced only with --overwrite.
+the `test` split with a warning (hvd_ctsm.serving.score.scoring_split); `--split
+test|validation` exclude only the items before each target, as the backtest does. The output
+folder is built under a temporary name and renamed into place when complete. `--out table:NAME`
+writes a table of the session's catalog instead (Unity Catalog's `catalog.schema.table` on
+Databricks), written by one Spark job; an existing table is replaced only with --overwrite.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.errors import BAD_INPUT_ERRORS, EXIT_BAD_INPUT, EXIT_CRASH, one_line, run_cli
 from hvd_ctsm.files import outputs
 from hvd_ctsm.model.checkpoint import load_state
-from hvd_ctsm.serving.score import (ScoringError, model_inputs, model_source, say_scored,
-                                    scoring_parser, scoring_split, vocab_items)
+from hvd_ctsm.serving.score import (ScoringError, excluded_items, model_inputs, model_source,
+                                    say_scored, scoring_parser, scoring_split, vocab_items)
 from spark_jobs.session import ExecutorPythonError, check_executors, get_spark, job_settings
 
 TABLE = "table:"  # --out table:NAME: a table of the session's catalog
@@ -39,7 +40,7 @@ OUTPUT_SCHEMA = ("client_id string, rank int, item_id string, item int, score fl
                  "p_sale float")
 
 
-def _partition_scorer(model_bytes, items, k: int):
+def _partition_scorer(model_bytes, items, k: int, exclude: str):
     """A mapPartitions function: load the model once per partition, score its rows."""
 
     def score_partition(rows):
@@ -52,7 +53,8 @@ def _partition_scorer(model_bytes, items, k: int):
 
         torch.set_num_threads(1)  # one partition per core already
         state = torch.load(io.BytesIO(model_bytes.value), map_location="cpu", weights_only=True)
-        yield from score_rows(CTSM.from_checkpoint(state), rows, k, items.value)
+        yield from score_rows(CTSM.from_checkpoint(state), rows, k, items.value,
+                              exclude=exclude)
 
     return score_partition
 
@@ -66,30 +68,34 @@ def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str |
         raise ScoringError(f"k must be >= 1, got {k}")
     t0 = time.time()
     dataset = Dataset.open(data)
+    exclude = excluded_items(split)
     split = scoring_split(dataset, split)
     with model_source(model, data, tracking_uri) as path:
-        summary = _score_model(spark, dataset, model, path, out, k, split, overwrite)
+        summary = _score_model(spark, dataset, model, path, out, k, (split, exclude), overwrite)
     return summary | {"split": split, "out": str(out), "seconds": round(time.time() - t0, 2)}
 
 
-def _score_model(spark, dataset, model: str, path: Path, out: str, k: int, split: str,
-                 overwrite: bool) -> dict:
-    """Score with the model file `path` (what `model` resolved to) into OUT, built in a stage."""
+def _score_model(spark, dataset, model: str, path: Path, out: str, k: int,
+                 rows: tuple[str, str], overwrite: bool) -> dict:
+    """Score with the model file `path` (what `model` resolved to) into OUT, built in a stage;
+    `rows` is the split to score and the row field of items to exclude (excluded_items)."""
+    split, exclude = rows
     url = dataset.split(split)  # a damaged or incomplete dataset stops here
     if out.startswith(TABLE):
-        return _score_table(spark, dataset, path, url, out.removeprefix(TABLE), k, overwrite)
+        return _score_table(spark, dataset, path, (url, exclude), out.removeprefix(TABLE), k,
+                            overwrite)
     with outputs.staged(out, overwrite, "scores", model_inputs(dataset.path, model)) as stage:
         items = vocab_items(dataset, load_state(path))  # checks the model's checksum, vocab
         check_executors(spark)
         folder = str(stage.resolve())  # the stage holds our marker: append beside it
         with job_settings(spark):
-            summary = _score_into(spark, url, path, items, k,
+            summary = _score_into(spark, (url, exclude), path, items, k,
                                   lambda scores: scores.write.mode("append").parquet(folder),
                                   lambda: spark.read.parquet(folder))
     return summary
 
 
-def _score_table(spark, dataset, path: Path, url: str, table: str, k: int,
+def _score_table(spark, dataset, path: Path, source: tuple[str, str], table: str, k: int,
                  overwrite: bool) -> dict:
     """Score into the catalog table `table`, written by one Spark job (saveAsTable): a failed
     job creates no table, and an existing one is replaced only with `overwrite`."""
@@ -117,14 +123,17 @@ def _score_table(spark, dataset, path: Path, url: str, table: str, k: int,
                 "session with a persistent metastore (Hive support, Unity Catalog)") from None
 
     with job_settings(spark):
-        summary = _score_into(spark, url, path, items, k, save, lambda: spark.table(table))
+        summary = _score_into(spark, source, path, items, k, save, lambda: spark.table(table))
     return summary | {"table": table}
 
 
-def _score_into(spark, url: str, path: Path, items: list, k: int, write, read) -> dict:
-    """Score the split at `url`, `write` the scores (a DataFrame), `read` them back to count."""
+def _score_into(spark, source: tuple[str, str], path: Path, items: list, k: int, write,
+                read) -> dict:
+    """Score the split at `source` (its URL, the row field of items to exclude), `write` the
+    scores (a DataFrame), `read` them back to count."""
+    url, exclude = source
     sc = spark.sparkContext
-    scorer = _partition_scorer(sc.broadcast(path.read_bytes()), sc.broadcast(items), k)
+    scorer = _partition_scorer(sc.broadcast(path.read_bytes()), sc.broadcast(items), k, exclude)
     rows = spark_rows(spark, url)
     write(spark.createDataFrame(rows.mapPartitions(scorer), OUTPUT_SCHEMA))
     written = read()

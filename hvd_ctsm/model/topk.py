@@ -2,9 +2,11 @@
 
 A row is anything with the feature dataset's serving fields as attributes (a Petastorm row, or
 a SimpleNamespace built from plain lists by hvd_ctsm.tracking.pyfunc_input): client_id,
-history_len, item, event_type, value, log_gap, client_attrs, client_items and (empty) target
-arrays. Batch scoring (hvd_ctsm.serving.score, spark_jobs.score_topk) and the MLflow pyfunc
-flavour share it; the top-K itself is the model's `recommend` (chunked, seen items left out).
+history_len, item, event_type, value, log_gap, client_attrs, client_items, prior_items and
+(empty) target arrays. Batch scoring (hvd_ctsm.serving.score, spark_jobs.score_topk) and the
+MLflow pyfunc flavour share it; the top-K itself is the model's `recommend` (chunked, seen items
+left out: every item the client had, or for a test row scored as the backtest ranks it, only
+those before its target).
 It imports torch, numpy, hvd_ctsm.data.batches and hvd_ctsm.model.catalog only, so every caller
 can import it without a cycle.
 """
@@ -30,19 +32,21 @@ def _batch_from_rows(rows: list, max_len: int) -> dict:
     return batch
 
 
-def score_rows(model, rows: Iterable, k: int, items: list[str],
-               batch_size: int = 256) -> Iterator[tuple]:
-    """(client_id, rank, item_id, item, score, p_sale) for each row's top-K unseen items."""
+def score_rows(model, rows: Iterable, k: int, items: list[str], batch_size: int = 256,
+               exclude: str = "client_items") -> Iterator[tuple]:
+    """(client_id, rank, item_id, item, score, p_sale) for each row's top-K items outside its
+    `exclude` field: `client_items` (every item the client ever had: what to recommend now) or
+    `prior_items` (only those before a test row's target: what the backtest ranks among)."""
     max_len = model.sizes.max_len
     table = catalog.item_table(model.encoder)  # every item's vector, once for all the rows
     chunk = []
     for row in rows:
         chunk.append(row)
         if len(chunk) == batch_size:
-            yield from _score_chunk(model, chunk, k, items, max_len, table)
+            yield from _score_chunk(model, chunk, k, items, max_len, table, exclude)
             chunk = []
     if chunk:
-        yield from _score_chunk(model, chunk, k, items, max_len, table)
+        yield from _score_chunk(model, chunk, k, items, max_len, table, exclude)
 
 
 @torch.no_grad()
@@ -54,9 +58,9 @@ def client_states(model, rows: list, max_len: int) -> torch.Tensor:
 
 @torch.no_grad()
 def _score_chunk(model, rows: list, k: int, items: list[str], max_len: int,
-                 table: torch.Tensor) -> Iterator[tuple]:
+                 table: torch.Tensor, exclude: str) -> Iterator[tuple]:
     states = client_states(model, rows, max_len)
-    top = model.recommend(states, k, [row.client_items for row in rows], table)
+    top = model.recommend(states, k, [getattr(row, exclude) for row in rows], table)
     p_sale = None
     if "sale" in model.heads:
         expanded = states.unsqueeze(1).expand(-1, top[1].shape[1], -1)

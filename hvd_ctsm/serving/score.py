@@ -12,13 +12,14 @@ Features built before the serving split existed have none: scoring then falls ba
 rows, whose histories stop before each client's last event (the held-out target), and logs a
 warning saying to rebuild the features.
 `--split test|validation` scores those rows on purpose (what the model would have recommended
-at that time); they exclude every item the client ever had, the held-out target too, so their
-hits are not the backtest's, which excludes only the items before the target.
-Items the client ever had (`client_items`, every event included) and padding are never
-recommended. Output rows: client_id, rank (1..K), item_id (the raw id from vocab.json), item
-(its index), score (next-item logit) and p_sale (when the model has that head). The Parquet
-file appears whole or not at all (temp file, rename). A client with fewer than K items it never
-had gets them all and is counted as `short`.
+at that time): they exclude only the items the client had before the held-out target
+(`prior_items`), as the backtest's full ranking does, so a row's hit is the backtest's hit.
+Otherwise items the client ever had (`client_items`, every event included) are never
+recommended, and padding never is.
+Output rows: client_id, rank (1..K), item_id (the raw id from vocab.json), item (its index),
+score (next-item logit) and p_sale (when the model has that head). The Parquet file appears
+whole or not at all (temp file, rename). A client with fewer than K items it may be recommended
+gets them all and is counted as `short`.
 """
 
 from __future__ import annotations
@@ -100,6 +101,13 @@ def vocab_items(dataset: Dataset, model_state: dict) -> list[str]:
     dataset.check_model(model_state, "the model",
                         "score with the features it was trained on (or retrain)")
     return dataset.items()
+
+
+def excluded_items(split: str | None) -> str:
+    """The row field of items not to recommend: for a --split test|validation asked for, those
+    before the target (the backtest's mask); else every item the client had (a fallback to the
+    test rows included: those recommendations stand in for serving ones)."""
+    return "prior_items" if split in ("test", "validation") else "client_items"
 
 
 def scoring_split(dataset: Dataset, split: str | None = None) -> str:
@@ -189,6 +197,7 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
     t0 = time.perf_counter()
     check_score_file(out, model_inputs(data, model_path))
     dataset = Dataset.open(data)
+    exclude = excluded_items(split)
     split = scoring_split(dataset, split)
     url = dataset.split(split)  # a damaged or incomplete dataset stops here
     with model_source(model_path, data, tracking_uri) as path:
@@ -197,7 +206,7 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
     with open_reader(url, 0, 1, seed=None, shuffle=False) as reader:
         rows = list(reader)
     records = list(score_rows(model, with_progress(rows, len(rows), "score", "clients scored"),
-                              k, items))
+                              k, items, exclude=exclude))
     write_scores(arrow_table(records), out)
     return summarize(records, len(rows), k) | {"split": split, "out": str(out),
                                                 "seconds": round(time.perf_counter() - t0, 2)}
@@ -219,7 +228,8 @@ def scoring_parser(prog: str, description: str, out: str) -> argparse.ArgumentPa
     p.add_argument("--split", default=None, choices=SCORABLE_SPLITS,
                    help="the rows to score from (default serving: every client's latest events; "
                         "test for features built before the serving split, with a warning); "
-                        "every item a client ever had is excluded, a test row's target too")
+                        "test|validation exclude only the items before each target, as the "
+                        "backtest does")
     p.add_argument("--json", action="store_true",
                    help="say what was scored as one JSON line (for scripts), not a sentence")
     return p

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -156,7 +157,50 @@ def test_scores_start_from_each_clients_latest_event(tiny_features, model_run, t
     with caplog.at_level(logging.WARNING, logger="hvd_ctsm.serving.score"):
         fallback = score.score_dataset(old, model_run, tmp_path / "old.parquet", k=K)
     assert fallback["split"] == "test" and "rebuild the features" in caplog.text
-    assert pq.read_table(tmp_path / "old.parquet").equals(pq.read_table(tmp_path / "test.parquet"))
+    # The test rows' states, standing in for serving ones: every item the client had (its
+    # held-out target too) is left out, where --split test leaves out only those before it.
+    scored = {(r["client_id"], r["item"]): r["score"]
+              for r in pq.read_table(tmp_path / "test.parquet").to_pylist()}
+    for row in pq.read_table(tmp_path / "old.parquet").to_pylist():
+        assert row["item"] not in test[row["client_id"]]["client_items"]
+        if (row["client_id"], row["item"]) in scored:
+            assert row["score"] == scored[row["client_id"], row["item"]]
+
+
+def test_test_split_ranks_each_target_as_the_backtest_does(spark, tiny_features, model_run,
+                                                          tmp_path):
+    """--split test leaves out only the items a client had before its target (prior_items), as
+    the backtest's full ranking does: a target the client never had before is recommended at its
+    backtest rank, by both scorers. Before, every item ever had (the target too) was left out."""
+    from hvd_ctsm.data.dataset import Dataset
+    from hvd_ctsm.evaluation.backtest import evaluate_model
+    from hvd_ctsm.model.checkpoint import load_model
+    from spark_jobs.score_topk import score_topk
+
+    dataset = Dataset.open(tiny_features)
+    num_items = dataset.meta.num_items
+    model, _ = load_model(score.resolve_model(model_run))
+    result = evaluate_model(dataset, model, "test", 0, "model")
+    backtest_rank = {client: int(rank) for (client, _), rank in
+                     zip(result.targets, np.concatenate(result.ranks["full"]), strict=True)}
+    test = {r["client_id"]: r for r in read_split(tiny_features / "test")}
+    new = [c for c, r in test.items() if r["target_item"][0] not in set(r["prior_items"])]
+    assert new  # targets the client never had before: the ones the two masks disagree on
+
+    k = num_items - 1  # every item but padding: each client's whole ranking
+    score.score_dataset(tiny_features, model_run, tmp_path / "test.parquet", k=k, split="test")
+    score_topk(spark, str(tiny_features), str(model_run), str(tmp_path / "spark"), k=k,
+               split="test")
+    for scores in (tmp_path / "test.parquet", tmp_path / "spark"):
+        ranked: dict = {}
+        for row in sorted(pq.read_table(scores).to_pylist(), key=lambda r: r["rank"]):
+            ranked.setdefault(row["client_id"], []).append(row["item"])
+        for client, row in test.items():
+            allowed = set(range(1, num_items)) - set(int(i) for i in row["prior_items"])
+            assert set(ranked[client]) == allowed
+        for client in new:
+            target = int(test[client]["target_item"][0])
+            assert ranked[client].index(target) == backtest_rank[client]
 
 
 def test_scoring_refuses_a_model_of_another_vocabulary(tiny_features, model_run, tmp_path):
