@@ -12,13 +12,42 @@ The names are the notebook's own: no module of the package is called make_featur
 backtest_model or score_clients. This is the top layer (it may import anything, nothing imports
 it); it imports nothing heavy until a function runs, so torch, Spark and Horovod load on use.
 Locations are taken as the command-line options take them (`hvd_ctsm.files.storage.location`).
+An error names these functions' arguments (`pass overwrite=True`), not the command line's options.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+
 from hvd_ctsm.files.storage import location
 
+# The steps' errors speak the command line's language ("pass --overwrite"); a notebook passes
+# keywords, so its errors name those instead (replaced in this order).
+API_WORDS = ((" (--warm-start)", ""), ("--overwrite", "overwrite=True"),
+             ("--resume", "resume=True"), ("--init-from", "init_from"),
+             ("--previous-vocab ", "previous_vocab="), ("--previous-vocab", "previous_vocab"))
+ARGUMENT = re.compile(r"--(out|data|model|k|split|gate|report|config|epochs|tracking-uri)\b")
 
+
+def in_api_words(function):
+    """`function` with the command-line options its errors name put as its arguments."""
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except Exception as exc:
+            if exc.args and isinstance(exc.args[0], str):
+                text = exc.args[0]
+                for flag, keyword in API_WORDS:
+                    text = text.replace(flag, keyword)
+                text = ARGUMENT.sub(lambda m: f"`{m[1].replace('-', '_')}`", text)
+                exc.args = (text, *exc.args[1:])
+            raise
+    return call
+
+
+@in_api_words
 def make_features(spark, source: str, out: str, **options) -> dict:
     """The Spark feature job in `spark`; options are FeatureConfig fields (split, max_len,
     row_groups, previous_vocab, overwrite, ...). Returns the dataset's metadata."""
@@ -28,6 +57,7 @@ def make_features(spark, source: str, out: str, **options) -> dict:
     return run(spark, FeatureConfig(source=source, out=location(str(out)), **options))
 
 
+@in_api_words
 def train_model(spark, data: str, out: str, num_proc: int = 2, config: str | None = None,
                 epochs: int | None = None, overrides: list[str] | tuple = (),
                 init_from: str | None = None, overwrite: bool = False,
@@ -55,6 +85,7 @@ def train_model(spark, data: str, out: str, num_proc: int = 2, config: str | Non
     return train_on_spark(cfg, num_proc=num_proc, spark=spark, options=options)
 
 
+@in_api_words
 def backtest_model(data: str, model: str, gate: str = "", report: str | None = None,
                    split: str = "test") -> dict:
     """Offline evaluation against popularity, with the gate applied when one is given
@@ -70,6 +101,7 @@ def backtest_model(data: str, model: str, gate: str = "", report: str | None = N
     return result
 
 
+@in_api_words
 def score_clients(spark, data: str, model: str, out: str, k: int = 10,
                   overwrite: bool = False, tracking_uri: str = "") -> dict:
     """Top-K unseen items per client as Parquet: on the cluster with a SparkSession (a folder),

@@ -44,7 +44,13 @@ def test_a_notebook_run_is_refused_on_the_driver_and_resumes_with_its_own_settin
             train_model(spark, data, out, epochs=1, overrides=small)
         assert "\n" not in str(err.value) and ("already holds a run" in str(err.value)
                                                or "lies inside the input" in str(err.value))
+        assert "--" not in str(err.value)  # a notebook's keywords, not the command line's
     assert not (data / "run").exists()
+    with pytest.raises(SparkTrainingError, match="pass resume=True to continue it or "
+                                                  "overwrite=True to start afresh"):
+        train_model(spark, data, run, epochs=1, overrides=small)
+    with pytest.raises(FileExistsError, match="pass overwrite=True to replace it"):
+        make_features(spark, "synthetic:clients=120,items=40,events=3000,seed=5", data)
     # The run's own config.yaml (model.dim=16): the defaults' model would be refused as another
     resumed = train_model(spark, data, run, epochs=2, resume=True)
     assert resumed["steps"] == 2 * first["steps_per_epoch"]
