@@ -64,6 +64,13 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def model_sha256(path: Path) -> str:
+    """A model file's sha256 as its checksum file holds it (loading the model checks the bytes
+    against it), else from its bytes: a catalog of 10^6 items is a file of hundreds of MB."""
+    sidecar = Path(f"{path}.sha256")
+    return sidecar.read_text().split()[0] if sidecar.is_file() else file_sha256(path)
+
+
 @dataclass
 class Champion:
     ref: str      # as given to --champion
@@ -95,7 +102,7 @@ class Champion:
         named = Path(str(self.report.get("model_path") or "missing"))
         want = self.report.get("model_sha256")
         for path in (self.path.parent / "model.pt", named, self.path.parent / named):
-            if path.is_file() and (want is None or file_sha256(path) == want):
+            if path.is_file() and (want is None or model_sha256(path) == want):
                 return path
         return None
 
@@ -104,16 +111,23 @@ class Champion:
 
 
 def indexes_as(model: Path, data: str) -> bool:
-    """Whether the model file indexes items as the dataset at `data` does (its vocab.json);
-    a file that does not load is left to the evaluation, which says why."""
+    """Whether the model file indexes items as the dataset at `data` does (its vocab.json):
+    a deployed version's metadata.json (its training data's) says so without loading the
+    model; a file that does not load is left to the evaluation, which says why."""
     from hvd_ctsm.data.dataset_meta import read_metadata
     from hvd_ctsm.model.checkpoint import CheckpointError, load_state
 
+    wanted = read_metadata(data).vocab_sha256
+    deployed = model.parent / "metadata.json"
+    if model.parent.joinpath("backtest.json").is_file() and deployed.is_file():
+        known = json.loads(deployed.read_text()).get("vocab_sha256")
+        if known:
+            return known == wanted
     try:
         state = load_state(model)
     except CheckpointError:
         return True
-    return state.get("vocab_sha256") == read_metadata(data).vocab_sha256
+    return state.get("vocab_sha256") == wanted
 
 
 def read_report(path: Path, ref: str) -> dict:

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -65,10 +66,13 @@ def test_backtest_gate_and_deploy(tiny_features, trained, tmp_path, capsys):
 @pytest.mark.spark
 @pytest.mark.slow
 def test_a_champion_from_other_data_is_evaluated_on_these_targets(tiny_features, trained,
-                                                                  tmp_path, capsys):
+                                                                  tmp_path, capsys, monkeypatch):
     """backtest --champion compared the model's score on the new features' targets with the
     champion's stored one from its own (older) features' targets. Now its model.pt is
-    evaluated on these targets: deployed from the same model, it scores what the model does."""
+    evaluated on these targets: deployed from the same model, it scores what the model does.
+    It is loaded once (its version's metadata.json says which vocabulary it indexes by)."""
+    from hvd_ctsm.model import checkpoint
+
     report, registry = tmp_path / "report.json", tmp_path / "registry"
     assert backtest.main(["--data", str(tiny_features), "--model", str(trained),
                           "--report", str(report), "--gate", "ndcg@10>=0"]) == 0
@@ -77,8 +81,12 @@ def test_a_champion_from_other_data_is_evaluated_on_these_targets(tiny_features,
     stored = json.loads(report.read_text())["model"]["full"]["ndcg@10"]
     other, new_report = other_targets(tiny_features, tmp_path / "newer"), tmp_path / "new.json"
     capsys.readouterr()
+    loaded, load_state = [], checkpoint.load_state
+    monkeypatch.setattr(checkpoint, "load_state",
+                        lambda path: loaded.append(Path(path)) or load_state(path))
     assert backtest.main(["--data", str(other), "--model", str(trained), "--report",
                           str(new_report), "--champion", str(registry), "--tolerance", "0"]) == 0
+    assert loaded.count(registry / "v0001" / "model.pt") == 1
     out = capsys.readouterr().out
     said = [line for line in out.splitlines() if line.startswith("champion:")]
     assert len(said) == 1 and "model - champion" in out
