@@ -26,7 +26,7 @@ from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.data.dataset_meta import metadata_sha256, read_metadata
 from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.evaluation import champion, gate
-from hvd_ctsm.evaluation.champion import file_sha256
+from hvd_ctsm.evaluation.champion import model_sha256
 from hvd_ctsm.evaluation.evaluate import Popularity, evaluate, model_scorer, paired_differences
 from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import load_model, model_file
@@ -87,12 +87,12 @@ def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
     for role in list(models):
         compared[role] = evaluate_model(dataset, models.pop(role), split, seed, role)
         others |= {role: compared[role].summary(), f"{role}_path": str(model_file(paths[role])),
-                   f"{role}_sha256": file_sha256(model_file(paths[role]))}
+                   f"{role}_sha256": model_sha256(model_file(paths[role]))}
     # model - each other scorer, target by target: is a gap more than the clients' noise?
     differences = {name: paired_differences(ours, other, seed) for name, other in compared.items()}
     return {"split": split, "data": str(data), "data_sha256": metadata_sha256(dataset.meta),
             "model_path": str(model_file(model_path)),
-            "model_sha256": file_sha256(model_file(model_path)),
+            "model_sha256": model_sha256(model_file(model_path)),
             "model": ours.summary(), "popularity": popularity.summary(), **others,
             "differences": differences,
             "protocol": {"full": "all items, the client's earlier items removed",
