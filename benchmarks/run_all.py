@@ -62,8 +62,8 @@ def quality_report_args(args, syn: Path) -> list[str]:
     return ["--run", "--ml100k", str(args.ml100k), "--out", str(args.out)]
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None, prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(prog, description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", default=",".join(ALL), help=f"comma list of {ALL}")
     p.add_argument("--ml100k", type=Path, default=ML100K)

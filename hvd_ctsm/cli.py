@@ -12,7 +12,6 @@ gate` loads no torch). `hvd-ctsm STEP --help` shows the step's options.
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 from pathlib import Path
 
@@ -84,7 +83,12 @@ def bench(argv: list[str]) -> int:
         print(f"hvd-ctsm bench: no {script} here: run it from the root of a checkout (the "
               "benchmarks are not part of the wheel)", file=sys.stderr)
         return 2
-    return subprocess.run([sys.executable, str(script), *argv], check=False).returncode
+    import runpy
+
+    # Its main, here: its usage line then names the command typed (`python run_all.py` said
+    # run_all.py).
+    run_all = runpy.run_path(str(script), run_name="hvd_ctsm_bench")
+    return run_all["main"](argv, "hvd-ctsm bench")
 
 
 def cli() -> None:

@@ -56,6 +56,12 @@ def test_gate_runs_the_gate_step(tmp_path):
     assert cli.main(["gate", "--report", str(report), "--gate", "ndcg@10>=0.2"]) == 1
 
 
+def test_bench_in_a_checkout_runs_the_benchmarks_under_its_own_name():
+    proc = subprocess.run([sys.executable, "-m", "hvd_ctsm", "bench", "--help"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: hvd-ctsm bench [-h]")
+
+
 def test_bench_outside_a_checkout_says_where_to_run_it(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hvd_ctsm", "bench", "--help"], cwd=tmp_path,
                           capture_output=True, text=True,
