@@ -15,16 +15,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
+from hvd_ctsm.doctor_distributed import (Check, check_allreduce, check_gpu, check_horovod_build,
+                                         check_torch_allreduce)
 from hvd_ctsm.errors import arg_parser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,17 +46,6 @@ VERSION_FIXES = {
     "pyspark": "Spark 4 needs a pyarrow that Petastorm and horovod.spark do not accept: "
     "pip install pyspark==<pin>",
 }
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    cause: str = ""
-    fix: str = ""
-    seconds: float = 0.0
-    skipped: bool = False
 
 
 def stack() -> str:
@@ -191,75 +181,6 @@ def check_backends() -> Check:
         fix="./run.sh setup installs both; HVD_CTSM_BACKENDS=torch asks for torch only")
 
 
-def check_torch_allreduce() -> Check:
-    """The torch backend's self-test under torchrun (2 ranks, Gloo)."""
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "hvd_ctsm.distributed",
-           "selftest"]
-    name = "allreduce (torch gloo, 2 ranks)"
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-    except subprocess.TimeoutExpired:
-        return Check(name, False, "timed out after 180 s", cause="the ranks did not meet",
-                     fix="check that localhost resolves and nothing blocks local ports")
-    from hvd_ctsm.distributed import parse_selftest
-
-    reports = parse_selftest(proc.stdout)
-    if proc.returncode == 0 and len(reports) == 2 and all(r["ok"] for r in reports):
-        return Check(name, True, f"exact sum on both ranks {reports[0]['sum']}")
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return Check(name, False, f"exit {proc.returncode}", cause=" | ".join(tail),
-                 fix="see the cause; torch must be the pinned CPU or CUDA build")
-
-
-def check_horovod_build() -> Check:
-    """Horovod's extension for PyTorch loads and has MPI and Gloo. In a child process, so that
-    an extension that crashes on import fails this check, not the doctor."""
-    try:
-        proc = subprocess.run([sys.executable, "-m", "hvd_ctsm.distributed", "build"],
-                              capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return Check("horovod build", False, "the build check did not run", cause=str(exc),
-                     fix="./run.sh setup (builds Horovod 0.28.1 with the C++17 fix)")
-    found = re.search(r"^BUILD (.*)$", proc.stdout, re.M)
-    built = json.loads(found.group(1)) if found else {}
-    missing = [name for key, name in (("pytorch", "PyTorch"), ("mpi", "MPI"), ("gloo", "Gloo"))
-               if not built.get(key)]
-    if missing:
-        error = (proc.stderr.strip().splitlines() or [""])[-1] if not found else ""
-        return Check("horovod build", False, f"missing: {', '.join(missing)}",
-                     cause=error or "Horovod was built without them (or the PyTorch extension "
-                     "failed: 'C++17 or later compatible compiler is required')",
-                     fix="./run.sh setup rebuilds it with HOROVOD_WITH_PYTORCH/GLOO/MPI=1, "
-                     "CMAKE_CXX_STANDARD 17 and the system cmake 3.25 (cmake 4 rejects Gloo)")
-    return Check("horovod build", True, f"Horovod {built['version']}: PyTorch + MPI + Gloo")
-
-
-def check_allreduce(transport: str = "gloo") -> Check:
-    horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
-    cmd = [horovodrun, "-np", "2", f"--{transport}", sys.executable, "-m",
-           "hvd_ctsm.distributed", "selftest"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    except subprocess.TimeoutExpired:
-        return Check(f"allreduce ({transport}, 2 ranks)", False, "timed out after 180 s",
-                     cause="the ranks did not meet", fix="run `./run.sh doctor` again; check "
-                     "that nothing else holds the ports and that localhost resolves")
-    from hvd_ctsm.distributed import parse_selftest
-
-    reports = parse_selftest(proc.stdout)
-    ok = proc.returncode == 0 and len(reports) == 2 and all(r["ok"] for r in reports)
-    if ok:
-        return Check(f"allreduce ({transport}, 2 ranks)", True,
-                     f"exact sum on both ranks {reports[0]['sum']}")
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return Check(f"allreduce ({transport}, 2 ranks)", False, f"exit {proc.returncode}",
-                 cause=" | ".join(tail), fix="see the cause; `horovodrun --check-build` must "
-                 f"list {transport}; for MPI as root horovodrun adds --allow-run-as-root")
-
-
 def check_spark() -> Check:
     from hvd_ctsm.spark_session import get_spark, java_problem
 
@@ -313,18 +234,6 @@ def check_petastorm() -> Check:
     return Check("petastorm round trip", ok, "8 rows written and read back" if ok else
                  f"read back {len(got)} rows, contents differ",
                  fix="" if ok else "check pyarrow==10.0.1 and petastorm==0.13.1")
-
-
-def check_gpu() -> Check:
-    import torch
-
-    if not torch.cuda.is_available():
-        return Check("cuda + nccl", True, "no GPU here: skipped", skipped=True)
-    from hvd_ctsm.distributed import build_info
-
-    nccl = build_info()["nccl"]
-    return Check("cuda + nccl", nccl, f"{torch.cuda.get_device_name(0)}, NCCL built: {nccl}",
-                 fix="" if nccl else "rebuild with HOROVOD_GPU_OPERATIONS=NCCL ./run.sh setup")
 
 
 def run_check(fn, *args) -> Check:

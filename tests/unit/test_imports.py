@@ -146,7 +146,7 @@ LAYERS = [
     {"evaluation"},                             # metrics, backtest, gate
     {"serving"},                                # deploy, batch scoring
     {"train"},                                  # the program, the loops, the Spark routes
-    {"api", "cli", "doctor"},                   # what users call
+    {"api", "cli", "doctor", "doctor_distributed"},  # what users call
 ]
 TOP_LEVEL_MODULES_AT_MOST = 10  # hvd_ctsm/*.py beside the folders (issue: a visible tree)
 
