@@ -1,6 +1,7 @@
-"""The doctor's checks of distributed training: Horovod's build, the 2-rank allreduce
-self-tests under horovodrun and torchrun, and the GPU; and Check, the result every doctor check
-returns (here, so that this module needs nothing from hvd_ctsm.doctor, which imports it)."""
+"""The doctor's checks of distributed training: the temporary folder its launchers need,
+Horovod's build, the 2-rank allreduce self-tests under horovodrun and torchrun, and the GPU; and
+Check, the result every doctor check returns (here, so that this module needs nothing from
+hvd_ctsm.doctor, which imports it)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
 
@@ -22,6 +24,47 @@ class Check:
     fix: str = ""
     seconds: float = 0.0
     skipped: bool = False
+
+
+# Python's tempfile and Open MPI both take the first of these that is set, else /tmp.
+TEMP_VARIABLES = ("TMPDIR", "TEMP", "TMP")
+
+
+def temp_folder() -> tuple[str, str]:
+    """The variable that names the temporary folder ("" where none is set) and the folder."""
+    for variable in TEMP_VARIABLES:
+        if os.environ.get(variable):
+            return variable, os.environ[variable]
+    return "", "/tmp"
+
+
+def temp_folder_problem() -> str:
+    """What is wrong with the temporary folder ("does not exist", ...), "" when nothing is. It is
+    read from the environment, as Open MPI does: Python's tempfile skips a bad one unannounced."""
+    folder = temp_folder()[1]
+    if not os.path.isdir(folder):
+        return "is not a folder" if os.path.exists(folder) else "does not exist"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return ""
+    except OSError as exc:
+        return f"cannot be written to ({exc.strerror})"
+
+
+def check_temp_folder() -> Check:
+    variable, folder = temp_folder()
+    named = f"{variable}={folder}" if variable else f"{folder} (TMPDIR unset)"
+    problem = temp_folder_problem()
+    if not problem:
+        return Check("temporary folder", True, f"{named} is writable")
+    missing = problem == "does not exist"
+    mpi = "creates it" if missing else "stops with 'orte_session_dir failed'"
+    fix = f"point {variable} at a folder you can write to, or unset it (/tmp)" if variable \
+        else "set TMPDIR to a folder you can write to"
+    return Check("temporary folder", False, f"{named} {problem}",
+                 cause=f"Open MPI (horovodrun --mpi) {mpi}; mktemp (setup's Horovod build) "
+                 "fails; Python quietly writes to /tmp instead",
+                 fix=f"mkdir -p {folder}, or {fix}" if missing else fix)
 
 
 def check_torch_allreduce() -> Check:
@@ -70,6 +113,11 @@ def check_horovod_build() -> Check:
 
 
 def check_allreduce(transport: str = "gloo") -> Check:
+    if transport == "mpi" and temp_folder_problem():
+        # Its failure would only repeat the temporary folder's check, in Open MPI's words; and a
+        # missing folder it would create, leaving it behind.
+        return Check(f"allreduce ({transport}, 2 ranks)", True, "not run: Open MPI needs the "
+                     "temporary folder, whose check failed", skipped=True)
     horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or "horovodrun"
     cmd = [horovodrun, "-np", "2", f"--{transport}", sys.executable, "-m",
            "hvd_ctsm.distributed", "selftest"]

@@ -52,3 +52,30 @@ def test_a_spark_that_cannot_start_its_jvm_names_java_home(monkeypatch, tmp_path
 
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nowhere"))
     assert f"JAVA_HOME={tmp_path / 'nowhere'} has no bin/java" in no_java_line()
+
+
+def test_a_missing_temporary_folder_fails_first_and_the_mpi_check_is_not_run(monkeypatch,
+                                                                              tmp_path, capsys):
+    """TMPDIR=/nonexistent showed only as the MPI allreduce's failure, or passed, Open MPI
+    creating the folder (left behind); Python's tempfile quietly falls back to /tmp."""
+    missing = tmp_path / "missing"
+    monkeypatch.setenv("TMPDIR", str(missing))
+    monkeypatch.setenv("HVD_CTSM_BACKENDS", "torch")
+    assert doctor.main(["--skip-slow"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith(f"FAIL temporary folder                TMPDIR={missing} "
+                                          "does not exist")  # second, after the Python
+    assert f"fix:   mkdir -p {missing}, or point TMPDIR at a folder you can write to" in out
+    check = doctor.check_allreduce("mpi")
+    assert check.skipped and "Open MPI needs the temporary folder" in check.detail
+    assert not missing.exists()
+
+
+def test_a_temporary_folder_that_is_a_file_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("")
+    check = doctor.check_temp_folder()
+    assert not check.ok and check.detail == f"TMPDIR={tmp_path / 'file'} is not a folder"
+    assert "orte_session_dir failed" in check.cause
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert doctor.check_temp_folder().ok
