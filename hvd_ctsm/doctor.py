@@ -25,7 +25,8 @@ from importlib import metadata
 from pathlib import Path
 
 from hvd_ctsm.doctor_distributed import (Check, check_allreduce, check_gpu, check_horovod_build,
-                                         check_temp_folder, check_torch_allreduce)
+                                         check_omp_threads, check_temp_folder,
+                                         check_torch_allreduce)
 from hvd_ctsm.errors import arg_parser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -250,8 +251,8 @@ def run_check(fn, *args) -> Check:
 
 def all_checks(skip_slow: bool) -> list:
     horovod = "horovod" in wanted_backends()
-    fast = [(check_python,), (check_temp_folder,), (check_pins,), (check_dependency_conflicts,),
-            (check_backends,)]
+    fast = [(check_python,), (check_temp_folder,), (check_omp_threads,), (check_pins,),
+            (check_dependency_conflicts,), (check_backends,)]
     fast += [(check_horovod_build,)] if horovod else []
     slow = [(check_allreduce, "gloo"), (check_allreduce, "mpi")] if horovod else []
     slow += [(check_torch_allreduce,), (check_spark,), (check_petastorm,)]

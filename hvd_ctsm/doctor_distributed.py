@@ -1,7 +1,7 @@
-"""The doctor's checks of distributed training: the temporary folder its launchers need,
-Horovod's build, the 2-rank allreduce self-tests under horovodrun and torchrun, and the GPU; and
-Check, the result every doctor check returns (here, so that this module needs nothing from
-hvd_ctsm.doctor, which imports it)."""
+"""The doctor's checks of distributed training: the temporary folder its launchers need and the
+OpenMP threads its workers are given, Horovod's build, the 2-rank allreduce self-tests under
+horovodrun and torchrun, and the GPU; and Check, the result every doctor check returns (here, so
+that this module needs nothing from hvd_ctsm.doctor, which imports it)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,23 @@ def check_temp_folder() -> Check:
                  cause=f"Open MPI (horovodrun --mpi) {mpi}; mktemp (setup's Horovod build) "
                  "fails; Python quietly writes to /tmp instead",
                  fix=f"mkdir -p {folder}, or {fix}" if missing else fix)
+
+
+def omp_threads_valid(value: str) -> bool:
+    """OpenMP's syntax: positive whole numbers, one per nesting level ("4" or "4,2")."""
+    return all(re.fullmatch(r"\s*\+?\d+\s*", part, re.ASCII) and int(part) > 0
+               for part in value.split(","))
+
+
+def check_omp_threads() -> Check:
+    value = os.environ.get("OMP_NUM_THREADS")
+    if value is None or omp_threads_valid(value):
+        return Check("OMP_NUM_THREADS", True, "unset" if value is None else value)
+    return Check("OMP_NUM_THREADS", False, f"OMP_NUM_THREADS={value!r}: not a positive whole "
+                 "number", cause="OpenMP (torch's libgomp) prints 'libgomp: Invalid value for "
+                 "environment variable OMP_NUM_THREADS' in every process and ignores it: torch "
+                 "then takes its default, a thread per core, in each",
+                 fix="unset OMP_NUM_THREADS, or set it to a positive whole number such as 1")
 
 
 def check_torch_allreduce() -> Check:

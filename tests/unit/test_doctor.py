@@ -79,3 +79,20 @@ def test_a_temporary_folder_that_is_a_file_is_named(monkeypatch, tmp_path):
     assert "orte_session_dir failed" in check.cause
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     assert doctor.check_temp_folder().ok
+
+
+def test_an_omp_num_threads_openmp_rejects_fails_with_its_value(monkeypatch, capsys):
+    """OMP_NUM_THREADS=0 passed; libgomp says 'Invalid value' in every process and ignores it."""
+    monkeypatch.setenv("HVD_CTSM_BACKENDS", "torch")
+    monkeypatch.setenv("OMP_NUM_THREADS", "0")
+    assert doctor.main(["--skip-slow"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL OMP_NUM_THREADS                 OMP_NUM_THREADS='0': not a positive whole " \
+        "number" in out
+    assert "fix:   unset OMP_NUM_THREADS, or set it to a positive whole number" in out
+    for bad in ("abc", "-1", "", "2.5", "2,0"):
+        monkeypatch.setenv("OMP_NUM_THREADS", bad)
+        assert not doctor.check_omp_threads().ok, bad
+    for good in ("1", "4,2", " 2 "):  # OpenMP's list: threads per nesting level
+        monkeypatch.setenv("OMP_NUM_THREADS", good)
+        assert doctor.check_omp_threads().ok, good
