@@ -90,12 +90,15 @@ def check_torch_allreduce() -> Check:
     cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "hvd_ctsm.distributed",
            "selftest"]
     name = "allreduce (torch gloo, 2 ranks)"
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-    except subprocess.TimeoutExpired:
-        return Check(name, False, "timed out after 180 s", cause="the ranks did not meet",
-                     fix="check that localhost resolves and nothing blocks local ports")
+    # torchrun keeps its workers' logs in a torchelastic_* folder it makes in the temporary
+    # folder and never removes: here that is a folder of ours, removed after.
+    with tempfile.TemporaryDirectory(prefix="hvd_ctsm-doctor-", ignore_cleanup_errors=True) as tmp:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": tmp})
+        except subprocess.TimeoutExpired:
+            return Check(name, False, "timed out after 180 s", cause="the ranks did not meet",
+                         fix="check that localhost resolves and nothing blocks local ports")
     from hvd_ctsm.distributed import parse_selftest
 
     reports = parse_selftest(proc.stdout)

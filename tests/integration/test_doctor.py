@@ -64,3 +64,13 @@ def test_a_horovod_that_fails_to_load_fails_the_build_check_with_its_error(tmp_p
     assert not check.ok and check.detail == "missing: PyTorch, MPI, Gloo"
     assert "C++17 or later compatible compiler is required" in check.cause
     assert "./run.sh setup" in check.fix
+
+
+@pytest.mark.slow
+def test_the_torchrun_check_leaves_nothing_in_the_temporary_folder(tmp_path, monkeypatch):
+    """Each doctor run left a torchelastic_* folder (torchrun's logs) in the temporary folder."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    assert doctor.check_torch_allreduce().ok
+    assert list(folder.iterdir()) == []
