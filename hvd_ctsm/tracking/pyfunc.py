@@ -23,7 +23,7 @@ from typing import Any
 import mlflow.pyfunc
 import pandas as pd
 from mlflow.models import ModelSignature
-from mlflow.types.schema import Array, ColSpec, ParamSchema, ParamSpec, Schema
+from mlflow.types.schema import AnyType, Array, ColSpec, ParamSchema, ParamSpec, Schema
 
 VERSION_ARTIFACT = "version"  # the artifact key of the folder-registry version
 MODEL_CODE = Path(__file__).with_name("model_code.py")  # what deploy logs as the python_model
@@ -56,10 +56,13 @@ class CtsmModel(mlflow.pyfunc.PythonModel):
 
 def signature(attributes: list[str]) -> ModelSignature:
     """Inputs: items (required), the optional history columns and one optional text column per
-    client attribute; outputs: client_id, item_ids, scores; parameter k."""
+    client attribute; outputs: client_id, item_ids, scores; parameter k.
+    `items` is a list of Any: MLflow refuses a null row in a required list-of-strings column,
+    which failed the whole input (a Spark job) for one client; a null list of Any passes, and
+    pyfunc_input reads it as an empty history."""
     inputs = Schema([
         ColSpec("string", "client_id", required=False),
-        ColSpec(Array("string"), "items"),
+        ColSpec(Array(AnyType()), "items"),
         ColSpec(Array("string"), "event_types", required=False),
         ColSpec(Array("double"), "values", required=False),
         ColSpec(Array("long"), "timestamps", required=False),

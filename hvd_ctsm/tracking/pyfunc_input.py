@@ -3,7 +3,8 @@
 One input row per client (a pandas DataFrame):
     client_id    text (optional; the row's index when absent)
     items        raw item ids (as in the events), oldest first; ids the model never saw are
-                 skipped; only the latest max_len are used
+                 skipped; only the latest max_len are used. A null or empty list, or one
+                 without a known id, gets no items (there is no state to score from)
     event_types  optional, one per item: purchase, rating, view or profile (default purchase)
     values       optional, one per item (e.g. the rating; default 0)
     timestamps   optional, unix seconds, one per item: the time gaps (default: no gap)

@@ -17,6 +17,7 @@ import pytest
 
 from hvd_ctsm.tracking.link import read_link
 from tests.conftest import REPO, RUN_SH_ENV
+from tests.helpers.small_pyfunc import registered_model
 
 pytestmark = pytest.mark.both_stacks
 
@@ -223,6 +224,24 @@ def test_pyfunc_from_the_registry_scores_pandas_and_spark(demo, spark, monkeypat
     scored = frame.withColumn("top", udf(struct(*columns))).select("client_id", "top.item_ids")
     by_spark = {row.client_id: list(row.item_ids) for row in scored.collect()}
     assert by_spark == {c: expected[c] for c in histories["client_id"].head(8)}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_udf_scores_the_other_rows_when_one_history_is_null(spark, tmp_path):
+    """A null `items` failed the whole Spark job (MLflow's signature check); that row gets
+    empty item_ids and scores, as a row without a known item does."""
+    import mlflow
+    from pyspark.sql.functions import struct
+
+    udf = mlflow.pyfunc.spark_udf(spark, registered_model(tmp_path), env_manager="local",
+                                  result_type="item_ids array<string>, scores array<double>",
+                                  params={"k": 3})
+    frame = spark.createDataFrame([("c1", ["10", "11"]), ("c2", None)],
+                                  "client_id string, items array<string>")
+    scored = frame.withColumn("top", udf(struct("client_id", "items")))
+    top = {row.client_id: (len(row.top.item_ids), len(row.top.scores)) for row in scored.collect()}
+    assert top == {"c1": (3, 3), "c2": (0, 0)}
 
 
 def counts_line(capsys) -> dict:

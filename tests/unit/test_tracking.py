@@ -14,6 +14,7 @@ import pytest
 from hvd_ctsm.config import load_config
 from hvd_ctsm.tracking.link import flat_params, metric_key, read_link
 from tests.conftest import REPO
+from tests.helpers.small_pyfunc import registered_model
 
 
 def test_metric_keys_and_params_are_what_mlflow_accepts():
@@ -111,3 +112,23 @@ def test_the_pyfunc_refuses_values_that_are_not_finite():
         frame = pd.DataFrame({"client_id": ["c1"], "items": [["a", "b"]], "values": [bad]})
         with pytest.raises(HistoryError, match="client c1: `values` must be finite numbers"):
             history_rows(frame, vocab, meta, max_len=10)
+
+
+@pytest.fixture(scope="module")
+def pyfunc_model(tmp_path_factory):
+    """A small CTSM registered as deploy registers it, loaded by MLflow (input checks and all)."""
+    import mlflow
+
+    return mlflow.pyfunc.load_model(registered_model(tmp_path_factory.mktemp("pyfunc")))
+
+
+def test_a_history_that_is_null_gets_no_items_and_the_other_rows_are_scored(pyfunc_model):
+    """MLflow's signature check refused the whole input for one row's null `items`."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"client_id": ["c1", "c2"], "items": [["10", "11"], None]})
+    top = pyfunc_model.predict(frame, params={"k": 3})
+    assert list(top["client_id"]) == ["c1", "c2"]
+    assert [len(items) for items in top["item_ids"]] == [3, 0]
+    assert list(top["scores"][1]) == []
+
