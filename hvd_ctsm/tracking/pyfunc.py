@@ -7,11 +7,12 @@
                                   result_type="item_ids array<string>, scores array<double>")
     histories.withColumn("top", udf(struct("client_id", "items")))
 
-The input and output columns are hvd_ctsm.tracking.pyfunc_input's. The MLflow model holds the
-folder-registry
-version (model.pt and its checksum, vocab.json, metadata.json, config.yaml, backtest.json) as one
-artifact, and the model as code (model_code.py, which builds a CtsmModel), so hvd_ctsm (our
-wheel) must be installed wherever the model is loaded (driver and executors), as torch is.
+The input and output columns are hvd_ctsm.tracking.pyfunc_input's; client ids and item ids may
+be text or integers (Spark's int and bigint, pandas' int64), read as their text; a null history
+gets no items. The MLflow model holds the folder-registry version (model.pt and its checksum,
+vocab.json, metadata.json, config.yaml, backtest.json) as one artifact, and the model as code
+(model_code.py, which builds a CtsmModel), so hvd_ctsm (our wheel) must be installed wherever
+the model is loaded (driver and executors), as torch is.
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ def signature(attributes: list[str]) -> ModelSignature:
     client attribute; outputs: client_id, item_ids, scores; parameter k.
     `items` is a list of Any: MLflow refuses a null row in a required list-of-strings column,
     which failed the whole input (a Spark job) for one client; a null list of Any passes, and
-    pyfunc_input reads it as an empty history."""
+    pyfunc_input reads it as an empty history. Its ids and client_id are Any too: MLflow
+    refuses integers where the type is string (it casts no int to text), and users' ids are
+    often integers; pyfunc_input reads them as text and refuses any other type itself."""
     inputs = Schema([
-        ColSpec("string", "client_id", required=False),
+        ColSpec(AnyType(), "client_id", required=False),
         ColSpec(Array(AnyType()), "items"),
         ColSpec(Array("string"), "event_types", required=False),
         ColSpec(Array("double"), "values", required=False),

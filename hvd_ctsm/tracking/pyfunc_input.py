@@ -1,10 +1,12 @@
 """Top-K items from client histories given as plain lists: the MLflow pyfunc flavour's input.
 
 One input row per client (a pandas DataFrame):
-    client_id    text (optional; the row's index when absent)
-    items        raw item ids (as in the events), oldest first; ids the model never saw are
-                 skipped; only the latest max_len are used. A null or empty list, or one
-                 without a known id, gets no items (there is no state to score from)
+    client_id    text or an integer (optional; the row's position when absent or null)
+    items        raw item ids (as in the events), oldest first: text, or integers read as
+                 their text (as vocab.json holds them), other types refused; ids the model
+                 never saw, and nulls, are skipped; only the latest max_len are used. A null
+                 or empty list, or one without a known id, gets no items (there is no state
+                 to score from)
     event_types  optional, one per item: purchase, rating, view or profile (default purchase)
     values       optional, one per item (e.g. the rating; default 0)
     timestamps   optional, unix seconds, one per item: the time gaps (default: no gap)
@@ -20,6 +22,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 
 from hvd_ctsm.data.schema import EVENT_TYPE_INDEX, log_hours
 
@@ -40,10 +43,28 @@ def _as_list(value, what: str, client: str) -> list:
     return list(value)
 
 
+def _id_text(value, where: str) -> str | None:
+    """An id as vocab.json holds it (text); None for a null. Integer ids are read as their
+    text, and so are whole floats: a Spark or pandas integer column with a null in it reaches
+    the model as floats, NaN for the null."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)) and not np.isnan(value) and value.is_integer():
+        return str(int(value))
+    if value is None or value is pd.NA or (isinstance(value, (float, np.floating))
+                                           and np.isnan(value)):
+        return None
+    raise HistoryError(f"{where} holds {value!r} ({type(value).__name__}): ids are text or "
+                       "integers; cast the column to strings")
+
+
 def _one_history(record: dict, position: int, items: dict, attrs: dict[str, dict],
                  max_len: int) -> SimpleNamespace:
-    client = str(record.get("client_id", position))
-    raw = _as_list(record.get("items"), "items", client)
+    client = _id_text(record.get("client_id"), f"row {position}: client_id") or str(position)
+    raw = [_id_text(item, f"client {client}: items")
+           for item in _as_list(record.get("items"), "items", client)]
     columns = {name: _as_list(record.get(name), name, client) for name in OPTIONAL_LISTS}
     for name, values in columns.items():
         if values and len(values) != len(raw):
@@ -58,13 +79,13 @@ def _one_history(record: dict, position: int, items: dict, attrs: dict[str, dict
     if not np.isfinite(values).all() or (np.abs(values) > 3.0e38).any():  # float32's range
         raise HistoryError(f"client {client}: `values` must be finite numbers (float32's "
                            f"range); got {[v for v in values.tolist() if not abs(v) < 3e38][:3]}")
-    known = [i for i, item in enumerate(raw) if str(item) in items][-max_len:]
+    known = [i for i, item in enumerate(raw) if item in items][-max_len:]
     times = np.asarray(columns["timestamps"] or [0] * len(raw), dtype=np.int64)[known]
     gaps = log_hours(np.diff(times, prepend=times[:1])) if len(times) else np.zeros(0)
     length = len(known)
     attr_row = [attrs[name].get(str(record.get(name)), 0) for name in attrs]
     empty = np.zeros(0, np.int32)
-    index = np.asarray([items[str(raw[i])] for i in known], dtype=np.int32)
+    index = np.asarray([items[raw[i]] for i in known], dtype=np.int32)
     return SimpleNamespace(
         client_id=client, history_len=length, item=index,
         event_type=np.asarray([EVENT_TYPE_INDEX[types[i]] for i in known], dtype=np.int32),
@@ -94,8 +115,6 @@ def history_rows(frame, vocab: dict, meta: dict, max_len: int) -> list[SimpleNam
 
 def top_k_frame(model, frame, vocab: dict, meta: dict, k: int):
     """One row per input row: client_id, item_ids (top-K raw ids, best first), scores."""
-    import pandas as pd
-
     from hvd_ctsm.model.topk import score_rows
 
     if k < 1:

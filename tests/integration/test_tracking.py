@@ -228,20 +228,27 @@ def test_pyfunc_from_the_registry_scores_pandas_and_spark(demo, spark, monkeypat
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_spark_udf_scores_the_other_rows_when_one_history_is_null(spark, tmp_path):
-    """A null `items` failed the whole Spark job (MLflow's signature check); that row gets
-    empty item_ids and scores, as a row without a known item does."""
+def test_spark_udf_scores_null_histories_and_integer_ids(spark, tmp_path):
+    """A null `items` failed the whole Spark job, and so did array<int> items and a bigint
+    client_id (MLflow's signature check). A null history gets empty item_ids and scores, as a
+    row without a known item does; integer ids are read as their text, a null one skipped."""
     import mlflow
     from pyspark.sql.functions import struct
 
     udf = mlflow.pyfunc.spark_udf(spark, registered_model(tmp_path), env_manager="local",
                                   result_type="item_ids array<string>, scores array<double>",
                                   params={"k": 3})
-    frame = spark.createDataFrame([("c1", ["10", "11"]), ("c2", None)],
-                                  "client_id string, items array<string>")
-    scored = frame.withColumn("top", udf(struct("client_id", "items")))
-    top = {row.client_id: (len(row.top.item_ids), len(row.top.scores)) for row in scored.collect()}
-    assert top == {"c1": (3, 3), "c2": (0, 0)}
+
+    def top(rows: list, schema: str) -> dict:
+        frame = spark.createDataFrame(rows, schema)
+        scored = frame.withColumn("top", udf(struct("client_id", "items"))).collect()
+        return {row.client_id: (list(row.top.item_ids), len(row.top.scores)) for row in scored}
+
+    by_text = top([("7", ["10", "11"]), ("8", ["12"]), ("9", None)],
+                  "client_id string, items array<string>")
+    assert [(len(ids), count) for ids, count in by_text.values()] == [(3, 3), (3, 3), (0, 0)]
+    by_ints = top([(7, [10, None, 11]), (None, [12])], "client_id bigint, items array<int>")
+    assert by_ints == {7: by_text["7"], None: by_text["8"]}
 
 
 def counts_line(capsys) -> dict:

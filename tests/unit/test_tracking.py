@@ -132,3 +132,28 @@ def test_a_history_that_is_null_gets_no_items_and_the_other_rows_are_scored(pyfu
     assert [len(items) for items in top["item_ids"]] == [3, 0]
     assert list(top["scores"][1]) == []
 
+
+def test_integer_item_and_client_ids_are_read_as_their_text(pyfunc_model):
+    """MLflow's signature check refused int item lists and int64 client ids ("Can not safely
+    convert int64 to <U0"). A Spark int column with a null reaches pandas as floats (NaN for
+    the null): whole ones are ids too, and a null id is a missing one."""
+    import numpy as np
+    import pandas as pd
+
+    from hvd_ctsm.tracking.pyfunc_input import HistoryError
+
+    as_text = pd.DataFrame({"client_id": ["7", "1"], "items": [["10", "11"], ["12"]]})
+    expected = pyfunc_model.predict(as_text, params={"k": 3})
+    as_ints = pd.DataFrame({"client_id": np.array([7, 1], dtype=np.int64),
+                            "items": [[10, 11], np.array([12], dtype=np.int32)]})
+    pd.testing.assert_frame_equal(pyfunc_model.predict(as_ints, params={"k": 3}), expected)
+    # a null client id is the row's position (1), as an absent client_id column is
+    with_nulls = pd.DataFrame({"client_id": [7.0, np.nan],
+                               "items": [np.array([10.0, np.nan, 11.0]), [12, None]]})
+    pd.testing.assert_frame_equal(pyfunc_model.predict(with_nulls, params={"k": 3}), expected)
+    for bad in ([10.5], [True], [["10"]]):
+        frame = pd.DataFrame({"client_id": ["c1"], "items": [bad]})
+        with pytest.raises(HistoryError, match=r"^client c1: items holds .* cast the column "
+                                               r"to strings$"):
+            pyfunc_model.predict(frame)
+
