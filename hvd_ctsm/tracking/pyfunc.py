@@ -8,11 +8,12 @@
     histories.withColumn("top", udf(struct("client_id", "items")))
 
 The input and output columns are hvd_ctsm.tracking.pyfunc_input's; client ids and item ids may
-be text or integers (Spark's int and bigint, pandas' int64), read as their text; a null history
-gets no items. The MLflow model holds the folder-registry version (model.pt and its checksum,
-vocab.json, metadata.json, config.yaml, backtest.json) as one artifact, and the model as code
-(model_code.py, which builds a CtsmModel), so hvd_ctsm (our wheel) must be installed wherever
-the model is loaded (driver and executors), as torch is.
+be text or integers (Spark's int and bigint, pandas' int64), read as their text; a history
+that is null or holds no item of the model's vocabulary gets no items, and one warning per
+predict call counts such rows. The MLflow model holds the folder-registry version (model.pt
+and its checksum, vocab.json, metadata.json, config.yaml, backtest.json) as one artifact, and
+the model as code (model_code.py, which builds a CtsmModel), so hvd_ctsm (our wheel) must be
+installed wherever the model is loaded (driver and executors), as torch is.
 """
 
 from __future__ import annotations

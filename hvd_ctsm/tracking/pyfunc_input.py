@@ -6,7 +6,7 @@ One input row per client (a pandas DataFrame):
                  their text (as vocab.json holds them), other types refused; ids the model
                  never saw, and nulls, are skipped; only the latest max_len are used. A null
                  or empty list, or one without a known id, gets no items (there is no state
-                 to score from)
+                 to score from); one WARNING per call (logger hvd_ctsm.tracking) counts them
     event_types  optional, one per item: purchase, rating, view or profile (default purchase)
     values       optional, one per item (e.g. the rating; default 0)
     timestamps   optional, unix seconds, one per item: the time gaps (default: no gap)
@@ -19,6 +19,7 @@ Scoring itself is hvd_ctsm.model.topk's, the same as batch scoring's.
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,6 +27,7 @@ import pandas as pd
 
 from hvd_ctsm.data.schema import EVENT_TYPE_INDEX, log_hours
 
+log = logging.getLogger("hvd_ctsm.tracking")
 OUTPUT_COLUMNS = ("client_id", "item_ids", "scores")
 OPTIONAL_LISTS = ("event_types", "values", "timestamps")
 
@@ -113,6 +115,15 @@ def history_rows(frame, vocab: dict, meta: dict, max_len: int) -> list[SimpleNam
             for position, record in enumerate(frame.to_dict("records"))]
 
 
+def _warn_unscorable(rows: list[SimpleNamespace]) -> None:
+    """One line for the call, not one per row: a batch of new clients would flood the log."""
+    unscorable = [row.client_id for row in rows if row.history_len == 0]
+    if unscorable:
+        log.warning("%d of %d rows got no recommendations: none of their items is in the "
+                    "model's vocabulary (e.g. clients %s)", len(unscorable), len(rows),
+                    ", ".join(unscorable[:3]))
+
+
 def top_k_frame(model, frame, vocab: dict, meta: dict, k: int):
     """One row per input row: client_id, item_ids (top-K raw ids, best first), scores."""
     from hvd_ctsm.model.topk import score_rows
@@ -120,6 +131,7 @@ def top_k_frame(model, frame, vocab: dict, meta: dict, k: int):
     if k < 1:
         raise HistoryError(f"k must be >= 1, got {k}")
     rows = history_rows(frame, vocab, meta, model.sizes.max_len)
+    _warn_unscorable(rows)
     # Scored by position (client ids may repeat); a row with no known item gets no items.
     scorable = [SimpleNamespace(**vars(row) | {"client_id": str(position)})
                 for position, row in enumerate(rows) if row.history_len > 0]

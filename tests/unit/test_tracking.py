@@ -157,3 +157,23 @@ def test_integer_item_and_client_ids_are_read_as_their_text(pyfunc_model):
                                                r"to strings$"):
             pyfunc_model.predict(frame)
 
+
+def test_rows_without_a_known_item_are_counted_in_one_warning_per_predict(pyfunc_model, caplog):
+    """They get no items (no state to score from), which said nothing; one line per call
+    says how many, with up to 3 of their clients."""
+    import logging
+
+    import pandas as pd
+
+    frame = pd.DataFrame({"client_id": ["c1", "c2", "c3", "c4", "c5"],
+                          "items": [["10"], ["unknown"], [], None, ["x", "y"]]})
+    with caplog.at_level(logging.WARNING, logger="hvd_ctsm.tracking"):
+        top = pyfunc_model.predict(frame, params={"k": 3})
+        pyfunc_model.predict(frame.head(1), params={"k": 3})  # every row known: no line
+    assert [len(items) for items in top["item_ids"]] == [3, 0, 0, 0, 0]
+    lines = [r for r in caplog.records if r.name == "hvd_ctsm.tracking"]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    message = lines[0].getMessage()
+    assert "4 of 5 rows got no recommendations" in message
+    assert "model's vocabulary" in message and "c2, c3, c4" in message and "c5" not in message
+
