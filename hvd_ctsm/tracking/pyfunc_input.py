@@ -8,7 +8,8 @@ One input row per client (a pandas DataFrame):
                  or empty list, or one without a known id, gets no items (there is no state
                  to score from); one WARNING per call (logger hvd_ctsm.tracking) counts them
     event_types  optional, one per item: purchase, rating, view or profile (default purchase)
-    values       optional, one per item (e.g. the rating; default 0)
+    values       optional, one per item (e.g. the rating; default 0); finite and within
+                 +-VALUE_LIMIT (1e15), or the row is refused
     timestamps   optional, unix seconds, one per item: the time gaps (default: no gap)
     <attribute>  optional, one column per client attribute of the training data (e.g. region),
                  its raw value; unknown or absent: the unknown index
@@ -30,6 +31,11 @@ from hvd_ctsm.data.schema import EVENT_TYPE_INDEX, log_hours
 log = logging.getLogger("hvd_ctsm.tracking")
 OUTPUT_COLUMNS = ("client_id", "item_ids", "scores")
 OPTIONAL_LISTS = ("event_types", "values", "timestamps")
+# The largest |value| accepted. A value reaches the first layer norm times the numeric layers'
+# gain (1.7-5.8 in the trained models measured); beyond about 1.8e19 there its float32 squares
+# overflow: the state is degenerate (found at 1e20), then NaN (1e30), and the row silently
+# scored nothing. 1e15 leaves a factor of 10^4 for larger gains and exceeds any event's value.
+VALUE_LIMIT = 1e15
 
 
 class HistoryError(ValueError):
@@ -62,6 +68,15 @@ def _id_text(value, where: str) -> str | None:
                        "integers; cast the column to strings")
 
 
+def _check_values(given: list, client: str) -> None:
+    values = np.asarray(given, dtype=np.float64)
+    refused = values[~(np.abs(values) <= VALUE_LIMIT)]  # NaN too: it compares False
+    if len(refused):
+        raise HistoryError(f"client {client}: `values` must be finite numbers between "
+                           f"{-VALUE_LIMIT:g} and {VALUE_LIMIT:g} (larger ones overflow the "
+                           f"model's float32 layers); got {refused.tolist()[:3]}")
+
+
 def _one_history(record: dict, position: int, items: dict, attrs: dict[str, dict],
                  max_len: int) -> SimpleNamespace:
     client = _id_text(record.get("client_id"), f"row {position}: client_id") or str(position)
@@ -77,10 +92,7 @@ def _one_history(record: dict, position: int, items: dict, attrs: dict[str, dict
     if unknown:
         raise HistoryError(f"client {client}: unknown event types {unknown}; use "
                            f"{sorted(EVENT_TYPE_INDEX)}")
-    values = np.asarray(columns["values"] or [0.0] * len(raw), dtype=np.float64)
-    if not np.isfinite(values).all() or (np.abs(values) > 3.0e38).any():  # float32's range
-        raise HistoryError(f"client {client}: `values` must be finite numbers (float32's "
-                           f"range); got {[v for v in values.tolist() if not abs(v) < 3e38][:3]}")
+    _check_values(columns["values"], client)
     known = [i for i, item in enumerate(raw) if item in items][-max_len:]
     times = np.asarray(columns["timestamps"] or [0] * len(raw), dtype=np.int64)[known]
     gaps = log_hours(np.diff(times, prepend=times[:1])) if len(times) else np.zeros(0)

@@ -177,3 +177,26 @@ def test_rows_without_a_known_item_are_counted_in_one_warning_per_predict(pyfunc
     assert "4 of 5 rows got no recommendations" in message
     assert "model's vocabulary" in message and "c2, c3, c4" in message and "c5" not in message
 
+
+def test_a_value_too_large_for_the_model_is_refused_in_one_line(pyfunc_model):
+    """1e30 is finite and inside float32's range, yet the row silently got no items: the
+    event's vector (the value through the model's numeric layers) overflowed the float32
+    squares of the first layer norm, and the client's state became NaN."""
+    import math
+
+    import pandas as pd
+
+    from hvd_ctsm.tracking.pyfunc_input import HistoryError
+
+    def history(value: float) -> pd.DataFrame:
+        return pd.DataFrame({"client_id": ["c1"], "items": [["10", "11"]],
+                             "values": [[1.0, value]]})
+
+    top = pyfunc_model.predict(history(1e15), params={"k": 3})  # the bound: still scored
+    assert len(top["item_ids"][0]) == 3 and all(map(math.isfinite, top["scores"][0]))
+    for value in (1e30, -1e16):
+        with pytest.raises(HistoryError, match=r"^client c1: `values` must be finite numbers "
+                                               r"between -1e\+15 and 1e\+15 .*; got "
+                                               r"\[-?1e\+[0-9]+\]$"):
+            pyfunc_model.predict(history(value))
+
