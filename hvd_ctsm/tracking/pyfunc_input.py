@@ -114,8 +114,7 @@ def _one_history(record: dict, position: int, items: dict, attrs: dict[str, dict
 
 def history_rows(frame, vocab: dict, meta: dict, max_len: int) -> list[SimpleNamespace]:
     """The DataFrame's rows as scoring rows (hvd_ctsm.model.topk), indexed by the model's
-    vocabulary
-    (vocab.json) and attribute names (metadata.json)."""
+    vocabulary (vocab.json) and attribute names (metadata.json)."""
     if "items" not in frame.columns:
         raise HistoryError(f"the input needs an `items` column (raw item ids, oldest first); "
                            f"it has {list(frame.columns)}")
@@ -137,7 +136,9 @@ def _warn_unscorable(rows: list[SimpleNamespace]) -> None:
 
 
 def top_k_frame(model, frame, vocab: dict, meta: dict, k: int):
-    """One row per input row: client_id, item_ids (top-K raw ids, best first), scores."""
+    """One row per input row: client_id, item_ids (top-K raw ids, best first), scores; empty
+    lists for a row without a known item, counted in one warning. HistoryError for a row that
+    cannot be read (its message names the client and the fix)."""
     from hvd_ctsm.model.topk import score_rows
 
     if k < 1:

@@ -2,7 +2,8 @@
 
 The end-to-end test runs `./run.sh demo` itself (features, 2 ranks under torchrun, backtest, gate,
 deploy, score) into tmp_path and reads what it left through MLflow's own client; the pyfunc
-model is then loaded from the registry and scored with pandas and with Spark.
+model is then loaded from the registry and scored with pandas and with Spark. What spark_udf
+does with null and integer input is tried on a small untrained model (tests/helpers), in seconds.
 The unit-tier part is in tests/unit/test_tracking.py."""
 
 from __future__ import annotations
