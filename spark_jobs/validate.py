@@ -4,9 +4,9 @@ The reasons, in the order they are checked (a row gets the first that applies):
 null_client_id, null_item_id, bad_timestamp (null or unparseable), negative_timestamp,
 future_timestamp (after config.max_timestamp), unknown_event_type, bad_value (not a number),
 missing_value (a rating without a value), out_of_range_value (a rating outside rating_range, or a
-negative or non-finite value of another type), duplicate (an exact copy of a used row; one copy of
-each is used, at its first position in the input). The job reports input = used + sum(rejected by
-reason).
+value of another type that is negative, non-finite or above MAX_EVENT_VALUE, 1e15), duplicate (an
+exact copy of a used row; one copy of each is used, at its first position in the input). The job
+reports input = used + sum(rejected by reason).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from hvd_ctsm.data.schema import EVENT_TYPES
+from hvd_ctsm.data.schema import EVENT_TYPES, MAX_EVENT_VALUE
 
 REASONS = (
     "null_client_id",
@@ -106,7 +106,8 @@ def flag_invalid(raw: DataFrame, max_timestamp: int, rating_range=(0.0, 5.0)) ->
     value, bad_value = _value(F.col("value"), types["value"])
     is_rating = etype == "rating"
     finite = ~F.isnan(value) & (F.abs(value) != float("inf"))
-    in_range = F.when(is_rating, value.between(*rating_range)).otherwise(finite & (value >= 0))
+    in_range = F.when(is_rating, value.between(*rating_range)).otherwise(
+        finite & value.between(0, MAX_EVENT_VALUE))
     reason = (
         F.when(client.isNull(), "null_client_id")
         .when(item.isNull(), "null_item_id")

@@ -19,7 +19,7 @@ import math
 import re
 from collections.abc import Iterable
 
-from hvd_ctsm.data.schema import EVENT_TYPES
+from hvd_ctsm.data.schema import EVENT_TYPES, MAX_EVENT_VALUE
 
 # The same pattern as validate._NUMBER; ASCII: Java's \d and \s are ASCII-only by default.
 NUMBER = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$", re.ASCII)
@@ -81,7 +81,7 @@ def _in_range(value: float, is_rating: bool, rating_range: tuple[float, float]) 
         return False
     if is_rating:
         return rating_range[0] <= value <= rating_range[1]
-    return math.isfinite(value) and value >= 0
+    return math.isfinite(value) and 0 <= value <= MAX_EVENT_VALUE
 
 
 def parse_row(client_id, item_id, timestamp, event_type, value, max_timestamp: int,

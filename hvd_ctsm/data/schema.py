@@ -47,6 +47,12 @@ PETASTORM_WORKER_WARNINGS = ",".join(
 # Event types, fixed so a model trained on one dataset reads another. 0 is padding.
 EVENT_TYPES = ("purchase", "rating", "view", "profile")
 EVENT_TYPE_INDEX = {name: i + 1 for i, name in enumerate(EVENT_TYPES)}
+# The largest |value| an event may have. A value reaches the encoder's first layer norm times
+# its numeric layers' gain (1.7-5.8 in the trained models measured); beyond about 1.8e19 there
+# its float32 squares overflow: the client's state is degenerate (found at 1e20), then NaN
+# (1e30). 1e15 leaves a factor of 10^4 for larger gains and exceeds any price or quantity. The
+# feature job rejects larger values (out_of_range_value); the pyfunc input refuses them.
+MAX_EVENT_VALUE = 1e15
 PAD = 0
 
 SPLITS = ("train", "validation", "test")  # the splits with targets (training and backtesting)

@@ -26,16 +26,12 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from hvd_ctsm.data.schema import EVENT_TYPE_INDEX, log_hours
+from hvd_ctsm.data.schema import EVENT_TYPE_INDEX, MAX_EVENT_VALUE, log_hours
 
 log = logging.getLogger("hvd_ctsm.tracking")
 OUTPUT_COLUMNS = ("client_id", "item_ids", "scores")
 OPTIONAL_LISTS = ("event_types", "values", "timestamps")
-# The largest |value| accepted. A value reaches the first layer norm times the numeric layers'
-# gain (1.7-5.8 in the trained models measured); beyond about 1.8e19 there its float32 squares
-# overflow: the state is degenerate (found at 1e20), then NaN (1e30), and the row silently
-# scored nothing. 1e15 leaves a factor of 10^4 for larger gains and exceeds any event's value.
-VALUE_LIMIT = 1e15
+VALUE_LIMIT = MAX_EVENT_VALUE  # beyond it the model's float32 layers overflow (schema)
 
 
 class HistoryError(ValueError):

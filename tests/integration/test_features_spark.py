@@ -32,6 +32,7 @@ PLANTED = [
     (("c2", "i1", "100", "rating", "9"), "out_of_range_value"),
     (("c2", "i1", "100", "rating", "NaN"), "out_of_range_value"),
     (("c2", "i1", "100", "purchase", "-3"), "out_of_range_value"),
+    (("c2", "i1", "100", "purchase", "1e16"), "out_of_range_value"),  # overflows the model
 ]
 
 
