@@ -32,6 +32,7 @@ from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.evaluation.evaluate import evaluate, model_scorer
 from hvd_ctsm.files import outputs
 from hvd_ctsm.files.atomic import atomic_write_bytes
+from hvd_ctsm.model.catalog import ITEM_CHUNK
 from hvd_ctsm.model.checkpoint import CheckpointManager, save_state
 from hvd_ctsm.model.ctsm import CTSM, ModelSizes
 from hvd_ctsm.train import faults, lazy_rows
@@ -73,7 +74,9 @@ def describe_loss(cfg: TrainConfig, model: CTSM) -> str:
     if "next_item" not in model.heads:
         return "no next-item head"
     sparse = model.encoder.item.sparse
-    return (f"next-item loss: {LOSS_NAMES[model.heads['next_item'].loss_kind]} (model.loss="
+    kind = model.heads["next_item"].loss_kind
+    blocks = ", in blocks of rows" if kind == "full" and model.sizes.num_items > ITEM_CHUNK else ""
+    return (f"next-item loss: {LOSS_NAMES[kind]}{blocks} (model.loss="
             f"{cfg.model.loss}, {model.sizes.num_items:,} items); item gradients exchanged "
             + ("sparsely (the rows a step touched)" if sparse else "densely")
             + lazy_rows.describe(cfg.optim.lazy_rows, sparse))
@@ -119,7 +122,7 @@ class GradientBytes:
                 "exchange/dense_mb": self.all_dense / 2**20}
 
 
-LOSS_NAMES = {"full": "full: exact softmax over every item, in blocks of rows",
+LOSS_NAMES = {"full": "full: exact softmax over every item",
               "shared": "shared: sampled softmax over negatives shared by the batch, log-Q "
                         "corrected",
               "sampled": "sampled: sampled softmax, negatives per target",

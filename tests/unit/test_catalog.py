@@ -328,3 +328,17 @@ def test_the_full_ranks_by_chunks_and_by_sorting_equal_the_whole_matrix_ranks_wi
         rows, -1).clone(), at=lambda items: shared[items]), num_items, seed=0, negatives=10)
     assert np.array_equal(_shared_full_ranks(batch, shared, num_items), whole)
     assert whole[0] == num_items - 2 and len(set(whole.tolist())) > 3
+
+
+@pytest.mark.parametrize("num_items, blocks", [(301, False), (catalog.ITEM_CHUNK + 1, True)])
+def test_the_loss_line_says_blocks_of_rows_only_where_the_loss_makes_them(num_items, blocks):
+    """It said 'in blocks of rows' at 301 items too, where the exact loss is one dense chunk."""
+    from hvd_ctsm.config import load_config
+    from hvd_ctsm.model.ctsm import CTSM, ModelSizes
+    from hvd_ctsm.train.trainer import describe_loss
+
+    cfg = load_config("default", ["model.dim=8", "model.layers=1", "model.heads=2"])
+    sizes = ModelSizes(num_items=num_items, num_event_types=5, attr_sizes=[], max_len=4)
+    line = describe_loss(cfg, CTSM(sizes, cfg.model))
+    assert line.startswith("next-item loss: full: exact softmax over every item")
+    assert ("in blocks of rows" in line) == blocks
