@@ -49,8 +49,9 @@ usage: ./run.sh STEP [args...]
              go to pytest (on the classic stack unless HVD_CTSM_STACK says)
   lint       ruff, isort and hadolint (the Dockerfiles)
   features   the Spark feature job         (hvd-ctsm features ...)
-  train      the trainer on NP ranks   (NP=2 ./run.sh train --data DIR ...): torchrun (DDP,
-             MAX_RESTARTS=1 restarts) on CPU, horovodrun on GPUs; BACKEND=horovod|torch chooses
+  train      the trainer on NP ranks   (NP=2 ./run.sh train --data DIR ...): torchrun (DDP;
+             MAX_RESTARTS=N restarts, none by default) on CPU, horovodrun on GPUs;
+             BACKEND=horovod|torch chooses
   backtest   offline evaluation + gate     (hvd-ctsm backtest ...)
   gate       apply a deploy gate to a backtest report (hvd-ctsm gate ...)
   deploy     copy a gated model into the registry (hvd-ctsm deploy ...)
