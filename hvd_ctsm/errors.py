@@ -16,6 +16,7 @@ from pathlib import Path
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # the shell's code for a command ended by SIGINT (128 + 2)
+EXIT_READER_GONE = 141  # ... and by SIGPIPE (128 + 13): what reads our output stopped (| head)
 # Set by spark_session's Ctrl-C handler when it cancels Spark's jobs: the error the cancelled
 # job's call then raises is the interruption, not a crash.
 CTRL_C = threading.Event()
@@ -26,7 +27,8 @@ EXIT_CODES = """exit codes:
   2  bad arguments or input: a bad config value, a missing or damaged dataset or model, an output
      that may not be written; the one-line message names the fix
   3  crashed: a bug or an environment problem; rerun with --debug for the traceback
-130  interrupted (Ctrl-C); a training run goes on from its last checkpoint with --resume"""
+130  interrupted (Ctrl-C); a training run goes on from its last checkpoint with --resume
+141  what read the output stopped reading (`| head`), as for any command the pipe stops"""
 
 
 def arg_parser(prog: str | None, description: str) -> argparse.ArgumentParser:
@@ -112,6 +114,9 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
         return main(argv)
     try:
         return main(argv)
+    except BrokenPipeError:  # `... --help | head`: no failure of ours, so no line ("crashed")
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # exit's flush: no error
+        return EXIT_READER_GONE
     except BAD_INPUT_ERRORS as exc:
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -281,3 +281,16 @@ def test_the_estimators_counts_are_whole_numbers_from_one(flag, tmp_path, capsys
                         str(tmp_path / "o"), flag, "0"])
     assert refused.value.code == 2
     assert f"argument {flag}: expected a whole number >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_a_reader_that_stops_reading_is_no_crash():
+    """`hvd-ctsm pipeline --help | head` ended in 'hvd-ctsm: crashed: BrokenPipeError'. Now it
+    is silent, with the shell's code for a command the pipe stopped (141)."""
+    lines = ("import sys; from hvd_ctsm.errors import run_cli; "
+             "sys.exit(run_cli(lambda argv: print('line\\n' * 10**6) or 0, 'hvd-ctsm'))")
+    proc = subprocess.Popen([sys.executable, "-c", lines], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline() == b"line\n"
+    proc.stdout.close()  # as `head -1` does
+    assert proc.wait(timeout=60) == 141
+    assert proc.stderr.read() == b""
