@@ -76,12 +76,13 @@ def check_run_folder(cfg: TrainConfig, options: LaunchOptions, resume: bool,
     """The run folder may take this run, the run it resumes is the same model and a warm start
     the same architecture (SystemExit naming the fix otherwise); with `remove`, --overwrite
     empties the folder. Made by the first rank, and by a Spark driver before its tasks start."""
+    if options.init_from:  # before --overwrite may empty the folder: the model may be in it
+        check_warm_start_matches(options.init_from, cfg)
     if not options.elastic or dist.launch_rank() == 0:
-        check_out_folder(Path(cfg.out), resume, options.overwrite, cfg.data.path, remove=remove)
+        inputs = [cfg.data.path, options.init_from]  # --overwrite removed a warm start's model
+        check_out_folder(Path(cfg.out), resume, options.overwrite, inputs, remove=remove)
         if resume:
             check_resume_matches(Path(cfg.out), cfg)
-    if options.init_from:
-        check_warm_start_matches(options.init_from, cfg)
 
 
 def run(cfg: TrainConfig, options: LaunchOptions | None = None) -> int:

@@ -18,15 +18,15 @@ from hvd_ctsm.files import outputs, storage
 from hvd_ctsm.model.checkpoint import load_state, model_file
 
 
-def check_out_folder(out: Path, resume: bool, overwrite: bool, data: str,
+def check_out_folder(out: Path, resume: bool, overwrite: bool, inputs: list,
                      remove: bool = True) -> None:
     """A new run never mixes its checkpoints and logs with an earlier run's, and --overwrite
-    removes only a run folder we wrote (hvd_ctsm.files.outputs), never the dataset or a folder
-    holding it. A folder we did not write is refused whatever the flags: --resume into it would
-    mark it ours, and a later --overwrite remove its files. `remove=False` checks only
-    (--check)."""
+    removes only a run folder we wrote (hvd_ctsm.files.outputs), never an input (the dataset,
+    the model it warm-starts from) or a folder holding one. A folder we did not write is refused
+    whatever the flags: --resume into it would mark it ours, and a later --overwrite remove its
+    files. `remove=False` checks only (--check)."""
     try:
-        outputs.check_replaceable(out, "run", [data])
+        outputs.check_replaceable(out, "run", inputs)
         if resume or outputs.is_empty(out):
             return
         if not overwrite:

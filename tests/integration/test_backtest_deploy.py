@@ -159,6 +159,29 @@ def test_a_warm_start_from_another_architecture_stops_in_one_line(tiny_features,
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_overwrite_never_removes_the_model_a_run_warm_starts_from(tiny_features, trained,
+                                                                  tmp_path):
+    """`train --out RUN --overwrite --init-from RUN` (or RUN/model.pt) removed RUN, then said
+    'RUN/model.pt not found', exit 2: the trained run was gone. It is now refused first, as
+    an --out holding the dataset is, and --check says so too (./run.sh train's pre-check)."""
+    import shutil
+
+    from hvd_ctsm.train import launch
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    small = ["data.batch_size=16", "model.dim=32", "model.layers=1", "progress=false",
+             "tracking.enabled=false"]
+    for init in (run, run / "model.pt"):
+        for check in ([], ["--check"]):
+            with pytest.raises(SystemExit, match="lies inside the input|holds or lies"):
+                launch.main(["--data", str(tiny_features), "--out", str(run), "--overwrite",
+                             "--init-from", str(init), *check, *small])
+            assert (run / "model.pt").read_bytes() == (trained / "model.pt").read_bytes()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_warm_start_onto_a_vocabulary_that_does_not_keep_its_indices_is_refused(
         spark, tiny_features, trained, tmp_path):
     """Features of newer events built without --previous-vocab index items anew: --init-from
