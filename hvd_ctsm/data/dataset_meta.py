@@ -106,13 +106,30 @@ def check_fields(meta: dict, path: str) -> None:
 
 
 def read_vocab(data_dir: str | Path) -> tuple[str, dict]:
-    """The dataset's vocab.json (its path, its content); missing or not JSON: refused."""
+    """The dataset's vocab.json (its path, its content); missing, not JSON, or not the bytes
+    the dataset was written with (metadata.json's vocab_sha256): refused. An edited vocab.json
+    renamed items without a word: scores named other items, and training learnt them."""
     from hvd_ctsm.files import storage
     path = storage.join(data_dir, "vocab.json")
     try:
-        return path, json.loads(storage.read_bytes(path))
-    except (FileNotFoundError, ValueError) as exc:
-        raise DatasetError(f"{path} is missing or not JSON ({exc}): {REBUILD}") from exc
+        raw = storage.read_bytes(path)
+    except FileNotFoundError as exc:
+        raise DatasetError(f"{path} is missing ({exc}): {REBUILD}") from exc
+    return path, vocab_as_written(path, raw, read_metadata(data_dir).vocab_sha256)
+
+
+def vocab_as_written(path: str | Path, raw: bytes, written: str) -> dict:
+    """vocab.json's content from its bytes, which must be those whose sha256 metadata.json
+    recorded (`written`, when it has one)."""
+    try:
+        vocab = json.loads(raw)
+    except ValueError as exc:
+        raise DatasetError(f"{path} is not JSON ({exc}): {REBUILD}") from exc
+    if written and hashlib.sha256(raw).hexdigest() != written:
+        raise DatasetError(f"{path} is not the vocabulary this dataset was written with (its "
+                           "sha256 differs from metadata.json's vocab_sha256: edited or "
+                           f"replaced): put the original back, or {REBUILD}")
+    return vocab
 
 
 def item_categories(data_dir: str | Path, meta: DatasetMeta) -> list[int]:

@@ -37,12 +37,14 @@ class CtsmModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context):
         from hvd_ctsm.data.batches import check_same_vocabulary
+        from hvd_ctsm.data.dataset_meta import vocab_as_written
         from hvd_ctsm.model.checkpoint import load_model
 
         folder = Path(context.artifacts[VERSION_ARTIFACT])
         self.model, state = load_model(folder / "model.pt")
         self.meta = json.loads((folder / "metadata.json").read_text())
-        self.vocab = json.loads((folder / "vocab.json").read_text())
+        self.vocab = vocab_as_written(folder / "vocab.json", (folder / "vocab.json").read_bytes(),
+                                      self.meta.get("vocab_sha256", ""))
         check_same_vocabulary(state, self.meta, "the model", folder, "redeploy the model with "
                               "the features it was trained on")
 

@@ -3,6 +3,7 @@ before any reader or model is built (pure units: a hand-written metadata.json in
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -16,6 +17,15 @@ def write_meta(folder, **fields) -> None:
     meta = {"schema_version": SCHEMA_VERSION, "max_len": 50, "attrs": ["age", "city"],
             "vocab": {"items": 301, "attrs": {"age": 7, "city": 12}},
             "vocab_sha256": "ab" * 32, "splits": {"train": {"rows": 10}}} | fields
+    (folder / "metadata.json").write_text(json.dumps(meta))
+
+
+def write_vocab(folder, content) -> None:
+    """vocab.json as the feature job writes it: its sha256 recorded in metadata.json."""
+    raw = json.dumps(content).encode()
+    (folder / "vocab.json").write_bytes(raw)
+    meta = json.loads((folder / "metadata.json").read_text())
+    meta["vocab_sha256"] = hashlib.sha256(raw).hexdigest()
     (folder / "metadata.json").write_text(json.dumps(meta))
 
 
@@ -66,10 +76,10 @@ def test_the_vocabulary_check_reads_a_plain_copy_of_metadata_too(tmp_path):
 def test_item_categories_are_read_from_vocab_json_one_per_item(tmp_path):
     write_meta(tmp_path, vocab={"items": 3})
     meta = read_metadata(tmp_path)
-    (tmp_path / "vocab.json").write_text(json.dumps({"item_category": [0, 2, 1]}))
+    write_vocab(tmp_path, {"item_category": [0, 2, 1]})
     assert item_categories(tmp_path, meta) == [0, 2, 1]
     for bad in ([0, 1], [0, 1, -1], [0, 1, "2"], None):
-        (tmp_path / "vocab.json").write_text(json.dumps({"item_category": bad}))
+        write_vocab(tmp_path, {"item_category": bad})
         with pytest.raises(DatasetError, match="item_category is not one index per item"):
             item_categories(tmp_path, meta)
     (tmp_path / "vocab.json").unlink()
@@ -81,18 +91,17 @@ def test_item_tags_are_read_from_vocab_json_and_an_older_dataset_is_refused(tmp_
     write_meta(tmp_path, vocab={"items": 3})
     meta = read_metadata(tmp_path)
     names = ["<pad>", "genre:Drama", "years:1995"]
-    (tmp_path / "vocab.json").write_text(json.dumps({"tags": names,
-                                                     "item_tags": [[], [1, 2], []]}))
+    write_vocab(tmp_path, {"tags": names, "item_tags": [[], [1, 2], []]})
     assert item_tags(tmp_path, meta) == [[], [1, 2], []]
     for bad in ([[], [1]], [[], [1, 3], []], [[], [0], []], [[], 1, []], [[], ["1"], []]):
-        (tmp_path / "vocab.json").write_text(json.dumps({"tags": names, "item_tags": bad}))
+        write_vocab(tmp_path, {"tags": names, "item_tags": bad})
         with pytest.raises(DatasetError, match="item_tags is not a list of tag indices per item"):
             item_tags(tmp_path, meta)
-    (tmp_path / "vocab.json").write_text(json.dumps({"item_category": [0, 1, 1]}))
+    write_vocab(tmp_path, {"item_category": [0, 1, 1]})
     with pytest.raises(DatasetError, match="has no item tags"):
         item_tags(tmp_path, meta)
     assert item_tags(tmp_path, meta, required=False) is None  # a reader that can do without
-    (tmp_path / "vocab.json").write_text(json.dumps({"tags": names, "item_tags": [[], [1]]}))
+    write_vocab(tmp_path, {"tags": names, "item_tags": [[], [1]]})
     with pytest.raises(DatasetError, match="not a list of tag indices"):  # damaged: refused
         item_tags(tmp_path, meta, required=False)
 
@@ -111,3 +120,18 @@ def test_a_dataset_owns_its_path_metadata_sizes_and_model_check(tmp_path):
         dataset.check_model({"vocab_sha256": "cd" * 32, "sizes": {"num_items": 301}}, "m", "fix")
     with pytest.raises(DatasetError, match="not a folder"):
         Dataset.open(tmp_path / "missing")
+
+
+def test_a_vocab_json_edited_after_the_features_were_written_is_refused(tmp_path):
+    """Two items swapped in vocab.json: scoring named other items than the model had learnt,
+    exit 0; training and backtest took it too. metadata.json records the file's sha256."""
+    write_meta(tmp_path, vocab={"items": 3})
+    write_vocab(tmp_path, {"items": ["<pad>", "a", "b"]})
+    from hvd_ctsm.data.dataset import Dataset
+
+    dataset = Dataset.open(tmp_path)
+    assert dataset.items() == ["<pad>", "a", "b"]
+    (tmp_path / "vocab.json").write_text(json.dumps({"items": ["<pad>", "b", "a"]}))
+    with pytest.raises(DatasetError, match="vocab.json is not the vocabulary this dataset was "
+                                           "written with .* put the original back"):
+        dataset.items()

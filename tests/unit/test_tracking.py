@@ -200,3 +200,21 @@ def test_a_value_too_large_for_the_model_is_refused_in_one_line(pyfunc_model):
                                                r"\[-?1e\+[0-9]+\]$"):
             pyfunc_model.predict(history(value))
 
+
+
+def test_a_version_whose_vocab_json_was_edited_is_refused_at_load(tmp_path):
+    """The pyfunc named items from vocab.json whatever its bytes: swapped ids were served."""
+    from types import SimpleNamespace
+
+    from hvd_ctsm.data.dataset_meta import DatasetError
+    from hvd_ctsm.tracking.pyfunc import VERSION_ARTIFACT, CtsmModel
+    from tests.helpers.small_pyfunc import version_folder
+
+    version = version_folder(tmp_path / "v0001")
+    context = SimpleNamespace(artifacts={VERSION_ARTIFACT: str(version)})
+    CtsmModel().load_context(context)
+    vocab = json.loads((version / "vocab.json").read_text())
+    vocab["items"][1], vocab["items"][2] = vocab["items"][2], vocab["items"][1]
+    (version / "vocab.json").write_text(json.dumps(vocab) + "\n")
+    with pytest.raises(DatasetError, match="not the vocabulary this dataset was written with"):
+        CtsmModel().load_context(context)
