@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from hvd_ctsm.config.model_config import ModelConfig
-from hvd_ctsm.config.types import ConfigError, build, check, one_of
+from hvd_ctsm.config.types import ConfigError, build, check, one_of, parse_yaml
 from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.files.storage import location
 
@@ -340,7 +340,7 @@ def read_preset(path: str) -> dict:
         preset = resources.files("hvd_ctsm").joinpath("presets", f"{path}.yaml")
         check(preset.is_file(), f"config file {path} not found (presets: {preset_names()})")
         text = preset.read_text()
-    values = yaml.safe_load(text) or {}
+    values = parse_yaml(text, f"config file {path}") or {}
     check(isinstance(values, dict), f"{path} must hold a mapping of section: field: value")
     return values
 

@@ -31,6 +31,19 @@ def check(condition: bool, message: str) -> None:
         raise ConfigError(f"config: {message}")
 
 
+def parse_yaml(text: str, source: str):
+    """`text` parsed as YAML; broken YAML is a ConfigError naming `source` and the line and
+    column PyYAML stopped at (it is the user's file or override, not a crash)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"config: {source} is not valid YAML{where}: {problem}; fix "
+                          "it") from exc
+
+
 def one_of(name: str, value, allowed) -> None:
     check(value in allowed, f"{name}={value!r} is not one of {sorted(allowed)}")
 
@@ -98,13 +111,13 @@ def convert(name: str, value, hint):
         check(len(inner) == 1, f"{name}: unsupported type {hint}")
         return convert(name, value, inner[0])
     if origin is dict:
-        mapping = yaml.safe_load(value) if isinstance(value, str) else value
+        mapping = parse_yaml(value, name) if isinstance(value, str) else value
         if not isinstance(mapping, dict):
             _refuse(name, value, f"a mapping such as {{key: value}} of {args[1].__name__}")
         return {convert(f"{name} key", k, args[0]): convert(f"{name}[{k}]", v, args[1])
                 for k, v in mapping.items()}
     if dataclasses.is_dataclass(hint):
-        mapping = yaml.safe_load(value) if isinstance(value, str) else value
+        mapping = parse_yaml(value, name) if isinstance(value, str) else value
         if not isinstance(mapping, dict):
             _refuse(name, value, f"a mapping of {hint.__name__} fields (a section)")
         return build(hint, mapping, prefix=f"{name}.")

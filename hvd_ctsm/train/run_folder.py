@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hvd_ctsm.config import TrainConfig, as_override, to_dict
 from hvd_ctsm.config.model_config import INIT_ONLY, LEGACY_ARCH, architecture
+from hvd_ctsm.config.types import parse_yaml
 from hvd_ctsm.data.dataset_meta import read_metadata, read_vocab
 from hvd_ctsm.distributed.base import launch_rank
 from hvd_ctsm.files import outputs, storage
@@ -50,12 +51,10 @@ def resumed_settings(cfg: TrainConfig) -> Path | None:
 
 def check_resume_matches(out: Path, cfg: TrainConfig) -> None:
     """--resume continues the same model: another model shape would fail deep inside loading."""
-    import yaml
-
     saved = out / "config.yaml"
     if not saved.exists():
         return
-    before = (yaml.safe_load(saved.read_text()) or {}).get("model", {})
+    before = (parse_yaml(saved.read_text(), f"config file {saved}") or {}).get("model", {})
     if before:  # a setting the run predates is what it trained with (ModelConfig.from_saved)
         before = LEGACY_ARCH | before
     now = to_dict(cfg)["model"]

@@ -98,3 +98,23 @@ def test_resume_may_change_how_new_weights_are_drawn(tmp_path):
 def test_a_missing_dataset_names_the_fix(tmp_path):
     with pytest.raises(DatasetError, match="point --data at a folder written by"):
         launch.main(["--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "run")])
+
+
+def test_broken_yaml_is_bad_input_naming_the_file_and_the_line(tmp_path):
+    """A YAML file or override that does not parse was 'crashed: ParserError' (exit 3)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("epochs: [1\n")
+    out = run_folder(tmp_path)
+    (out / "config.yaml").write_text("model: {dim: 16\n")  # the run's own settings, damaged
+    data = ["--data", str(tmp_path / "data")]
+    for args, named in ((["--out", str(tmp_path / "new"), "--config", str(bad)], bad),
+                        (["--out", str(out), "--resume"], out / "config.yaml"),
+                        (["--out", str(out), "--resume", "--config", "default"],
+                         out / "config.yaml")):
+        with pytest.raises((SystemExit, ValueError)) as stop:  # each exit 2 (run_cli)
+            launch.main([*data, *args])
+        message = str(stop.value).removeprefix("error: ")
+        assert message.startswith(f"config: config file {named} is not valid YAML at line 2, "
+                                  "column 1: ") and "\n" not in message
+    with pytest.raises(SystemExit, match="debug.step_delay_s is not valid YAML at line 1"):
+        launch.main([*data, "--out", str(tmp_path / "new"), 'debug.step_delay_s={"1": 2'])
