@@ -4,7 +4,7 @@ A checkpoint is one dict (model, optimizer, scheduler, step, epoch, data positio
 vocabulary hash) saved as `step-000000123.pt` with a `.sha256` beside it. Writes go to a temporary
 file that is fsynced and renamed into place, so a reader sees either the old set or the new one.
 Loading verifies the checksum and uses `torch.load(weights_only=True)`; a damaged latest checkpoint
-falls back to the previous good one with a warning.
+falls back to the previous good one with a warning, and a folder of damaged ones only is refused.
 """
 
 from __future__ import annotations
@@ -126,11 +126,22 @@ class CheckpointManager:
         fsync_dir(dst.parent)
 
     def load_latest(self) -> dict | None:
-        """The newest checkpoint that loads cleanly; older ones are tried after a warning."""
-        for step in reversed(self.steps()):
-            path = self.path_for(step)
+        """The newest checkpoint that loads, best.pt (a copy of an earlier step's) last; each
+        damaged one is skipped with a warning and left in place for a look. None when the
+        folder holds no checkpoint; when every one is damaged, a CheckpointError: a resume
+        that silently started over would throw the run's training away."""
+        candidates = [self.path_for(step) for step in reversed(self.steps())]
+        candidates += [best] if (best := self.folder / "best.pt").exists() else []
+        for path in candidates:
             try:
                 return load_state(path)
             except (CheckpointError, OSError) as exc:
-                log.warning("skipping damaged checkpoint %s: %s", path, exc)
+                log.warning("skipping damaged checkpoint %s (left in place): %s", path,
+                            str(exc).removeprefix(f"{path}: "))
+        if candidates:
+            raise CheckpointError(
+                f"no checkpoint in {self.folder} loads ({', '.join(p.name for p in candidates)}: "
+                "each damaged, see the warnings): put back good copies to resume, or start "
+                "afresh with --overwrite instead of --resume (it removes them)")
         return None
+

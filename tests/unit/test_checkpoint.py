@@ -33,6 +33,26 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog
     assert "skipping damaged checkpoint" in caplog.text
 
 
+def test_a_folder_of_damaged_checkpoints_is_refused_not_started_over(tmp_path, caplog):
+    """Every step checkpoint damaged: best.pt, a whole copy of one, is resumed from; with it
+    damaged too the resume is refused (it said 'no checkpoint', trained from scratch, exit 0).
+    The damaged files stay where they are."""
+    manager = CheckpointManager(tmp_path, keep=3)
+    for step in (1, 2):
+        manager.save({"step": step}, step, is_best=step == 1)
+    for step in (1, 2):
+        manager.path_for(step).write_bytes(b"damaged")
+    assert manager.load_latest()["step"] == 1
+    assert "step-000000002.pt (left in place): checksum mismatch" in caplog.text
+    (tmp_path / "best.pt").write_bytes(b"damaged")
+    with pytest.raises(checkpoint.CheckpointError,
+                       match="no checkpoint in .* loads .*step-000000002.pt, .*best.pt"):
+        manager.load_latest()
+    assert [p.name for p in sorted(tmp_path.glob("*.pt"))] == [
+        "best.pt", "step-000000001.pt", "step-000000002.pt"]
+    assert CheckpointManager(tmp_path / "none", keep=3).load_latest() is None
+
+
 def dies_at(call: int, real):
     """`real`, except that its call-th call is a kill: it raises and nothing after it runs."""
     calls = []
