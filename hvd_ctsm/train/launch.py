@@ -26,7 +26,7 @@ from hvd_ctsm.data.batches import shard_rows, split_url
 from hvd_ctsm.data.dataset_meta import read_metadata
 from hvd_ctsm.train import elastic_loop, faults
 from hvd_ctsm.train import loop as train
-from hvd_ctsm.train.run_folder import (check_out_folder, check_resume_matches,
+from hvd_ctsm.train.run_folder import (check_out_folder, check_resume_matches, check_run_to_resume,
                                        check_warm_start_matches, resumed_settings)
 from hvd_ctsm.train.support import check_launch, note_restart
 
@@ -81,6 +81,9 @@ def check_run_folder(cfg: TrainConfig, options: LaunchOptions, resume: bool,
     if not options.elastic or dist.launch_rank() == 0:
         inputs = [cfg.data.path, options.init_from]  # --overwrite removed a warm start's model
         check_out_folder(Path(cfg.out), resume, options.overwrite, inputs, remove=remove)
+        # Workers torchrun restarts resume too, in a run that may not have checkpointed yet.
+        if options.resume and not dist.restarted_by_launcher():
+            check_run_to_resume(cfg.out)
         if resume:
             check_resume_matches(Path(cfg.out), cfg)
 

@@ -39,6 +39,16 @@ def check_out_folder(out: Path, resume: bool, overwrite: bool, inputs: list,
         outputs.remove_ours(out)
 
 
+def check_run_to_resume(out: str) -> None:
+    """The user's --resume continues a run: a folder holding none (absent or empty, most often
+    a mistyped --out) is refused; it started a new run there, as if it went on. A folder whose
+    run has no checkpoint yet starts from scratch with a warning (nothing to lose)."""
+    if storage.is_remote(out) or not outputs.is_empty(Path(out)):
+        return
+    raise SystemExit(f"error: --resume: {out} holds no run to continue: check --out, or drop "
+                     "--resume to start a new run there")
+
+
 def resumed_settings(cfg: TrainConfig) -> Path | None:
     """The config.yaml a run saved in its folder, which --resume starts from (without it, a
     resume of `train ... epochs=12 early_stop_evals=0` ran on the defaults' 100 epochs and

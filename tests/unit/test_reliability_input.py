@@ -118,3 +118,21 @@ def test_broken_yaml_is_bad_input_naming_the_file_and_the_line(tmp_path):
                                   "column 1: ") and "\n" not in message
     with pytest.raises(SystemExit, match="debug.step_delay_s is not valid YAML at line 1"):
         launch.main([*data, "--out", str(tmp_path / "new"), 'debug.step_delay_s={"1": 2'])
+
+
+def test_resume_of_a_folder_without_a_run_is_refused(tmp_path, monkeypatch):
+    """A mistyped --out with --resume started a new run there, exit 0, as if it went on.
+    Workers torchrun restarts resume too, and their run may not have checkpointed yet: they
+    go on (to the dataset, missing here)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for out in (tmp_path / "typo", empty):
+        with pytest.raises(SystemExit) as stop:
+            launch.main(["--data", str(tmp_path / "data"), "--out", str(out), "--resume"])
+        assert str(stop.value) == (f"error: --resume: {out} holds no run to continue: check "
+                                   "--out, or drop --resume to start a new run there")
+    assert not (tmp_path / "typo").exists()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with pytest.raises(DatasetError, match="point --data at a folder written by"):
+        launch.main(["--data", str(tmp_path / "data"), "--out", str(tmp_path / "new"),
+                     "--resume", "--check"])
