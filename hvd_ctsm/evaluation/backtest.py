@@ -130,12 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", default="test", choices=EVALUATED_SPLITS)
     p.add_argument("--gate", default="", help=gate.GATE_HELP)
     p.add_argument("--champion", help=gate.CHAMPION_HELP)
-    p.add_argument("--tolerance", type=float, default=0.005, help="allowed NDCG@10 drop")
+    p.add_argument("--tolerance", type=float, default=0.005, help=gate.TOLERANCE_HELP)
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled negatives")
     p.add_argument("--baseline", help="another run (e.g. trained with --config sasrec) to "
                                       "report beside the model on the same targets")
     args = p.parse_args(argv)
-    rules = gate.parse_gate(args.gate)  # a malformed gate, champion or --report fails first
+    # A bad tolerance, gate, champion or --report fails first, before the backtest's work.
+    gate.check_tolerance(args.tolerance)
+    rules = gate.parse_gate(args.gate)
     with tempfile.TemporaryDirectory(prefix="hvd_ctsm-champion-") as scratch:
         rival = champion.load(args.champion, args.model, scratch)
         gate.check_report_path(args.report)

@@ -21,6 +21,7 @@ stops there), 2 on a malformed gate, report or champion.
 from __future__ import annotations
 
 import json
+import math
 import operator
 import re
 import sys
@@ -46,6 +47,8 @@ CHAMPION_HELP = ("the deployed model: REGISTRY (its current version), a version 
                  "README, 'The champion rule')")
 GATE_HELP = ("rules, e.g. 'ndcg@10>=0.05,sampled.hr@10>=0.4'; the metrics: [full.|sampled.]"
              f"{', '.join(RANKING)}; sale.auc, sale.log_loss")
+TOLERANCE_HELP = ("allowed drop of full NDCG@10 below the champion's, a number >= 0 (default "
+                  "0.005); used only with --champion, ignored without it")
 GATE = re.compile(r"^\s*([a-z_]+\.)?([a-z_]+(?:@\d+)?)\s*(>=|<=|>|<)\s*([0-9.eE+-]+)\s*$")
 
 
@@ -63,6 +66,16 @@ def parse_gate(text: str) -> list[tuple[str, str, str, float]]:
                              f"protocol; one of {', '.join(METRICS[protocol])}")
         rules.append((protocol, match.group(2), match.group(3), float(match.group(4))))
     return rules
+
+
+def check_tolerance(tolerance: float) -> float:
+    """--tolerance as the champion rule can use it: nan made every comparison fail ('gate FAIL
+    ... - nan', exit 1, a refusal for bad input) and a negative one asks to beat the champion
+    by that much, not to be allowed a drop. ValueError (exit 2) otherwise."""
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"--tolerance {tolerance}: must be a finite number >= 0, the NDCG@10 "
+                         "drop allowed below the champion (e.g. 0.005, or 0 for none)")
+    return tolerance
 
 
 def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) -> dict:
@@ -136,9 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                         "replacing the one before, and deploy obeys it")
     p.add_argument("--gate", default="", help=f"{GATE_HELP} (may be left out with --champion)")
     p.add_argument("--champion", help=CHAMPION_HELP)
-    p.add_argument("--tolerance", type=float, default=0.005, help="allowed NDCG@10 drop")
+    p.add_argument("--tolerance", type=float, default=0.005, help=TOLERANCE_HELP)
     args = p.parse_args(argv)
     try:
+        check_tolerance(args.tolerance)
         rules = parse_gate(args.gate)
         report = json.loads(Path(args.report).read_text())
         theirs = read_champion(args.champion, report, args.report)

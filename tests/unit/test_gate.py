@@ -61,6 +61,22 @@ def test_gate_step_against_a_champion(tmp_path):
     assert gate.main(args[:2] + args[4:] + ["--tolerance", "0.01"]) == 0  # no --gate: the champion
 
 
+@pytest.mark.parametrize("tolerance", ["nan", "-1", "inf"])
+def test_a_tolerance_that_is_no_allowed_drop_is_bad_input(tmp_path, capsys, tolerance):
+    """nan failed every comparison ('gate FAIL ... - nan', exit 1: a refusal of the model for
+    a bad argument) and -1 asked to beat the champion; both exit 2 now, the report untouched."""
+    report = write_report(tmp_path / "r.json")
+    before = report.read_text()
+    champion = write_report(tmp_path / "champion.json", {"full": {"ndcg@10": 0.12}})
+    args = ["--report", str(report), "--champion", str(champion), "--tolerance", tolerance]
+    assert gate.main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "must be a finite number >= 0" in err
+    assert report.read_text() == before
+    with pytest.raises(ValueError, match="must be a finite number >= 0"):  # before any work
+        backtest.main(["--data", "no-data", "--model", "no-model", *args])
+
+
 def test_the_champion_is_read_from_a_registry_or_a_version_folder(tmp_path, capsys):
     """--champion REGISTRY reads its current version's report (`current` is a file naming the
     version, not a folder); a folder with no deployed report is one line and exit 2."""
