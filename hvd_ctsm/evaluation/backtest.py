@@ -28,7 +28,7 @@ from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.evaluation import champion, gate
 from hvd_ctsm.evaluation.champion import model_sha256
 from hvd_ctsm.evaluation.evaluate import Popularity, evaluate, model_scorer, paired_differences
-from hvd_ctsm.files.storage import location
+from hvd_ctsm.files.storage import check_local, location
 from hvd_ctsm.model.checkpoint import load_model, model_file
 from hvd_ctsm.progress import with_progress
 
@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", help="another run (e.g. trained with --config sasrec) to "
                                       "report beside the model on the same targets")
     args = p.parse_args(argv)
+    for option in ("model", "report", "baseline"):  # the data alone may be at a URL
+        if getattr(args, option):
+            check_local(getattr(args, option), f"--{option}")
     # A bad tolerance, gate, champion or --report fails first, before the backtest's work.
     gate.check_tolerance(args.tolerance)
     rules = gate.parse_gate(args.gate)

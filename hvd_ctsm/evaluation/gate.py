@@ -33,7 +33,7 @@ from hvd_ctsm.errors import arg_parser, one_line
 from hvd_ctsm.evaluation import champion
 from hvd_ctsm.evaluation.metrics import RankingSums
 from hvd_ctsm.files.atomic import atomic_write_bytes
-from hvd_ctsm.files.storage import is_remote, location
+from hvd_ctsm.files.storage import check_local, location
 from hvd_ctsm.model.checkpoint import model_file
 
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
@@ -104,9 +104,10 @@ def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) ->
 
 
 def check_report_path(path: str | Path) -> None:
-    """A report is written over an earlier report only: any other file there is refused
-    (ValueError), before the backtest's work (it used to be replaced without a word)."""
-    if is_remote(path) or not Path(path).exists():
+    """A report is written at a local path, over an earlier report only: any other file there is
+    refused (ValueError), before the backtest's work (it used to be replaced without a word)."""
+    check_local(path, "--report")
+    if not Path(path).exists():
         return
     try:
         earlier = json.loads(Path(path).read_text())
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_tolerance(args.tolerance)
         rules = parse_gate(args.gate)
+        check_local(args.report, "--report")
         report = json.loads(Path(args.report).read_text())
         theirs = read_champion(args.champion, report, args.report)
         if not rules and theirs is None:

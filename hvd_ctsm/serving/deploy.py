@@ -31,7 +31,7 @@ from hvd_ctsm import tracking
 from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.files import outputs
 from hvd_ctsm.files.atomic import FOLDER_MODE, atomic_write_bytes, set_mode
-from hvd_ctsm.files.storage import location
+from hvd_ctsm.files.storage import check_local, location
 from hvd_ctsm.model.checkpoint import model_file
 
 
@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                         "tracked run's model is also registered in MLflow as "
                         "tracking.registered_model, alias champion")
     args = p.parse_args(argv)
+    for option in ("model", "report", "registry"):  # each is read or written as a local path
+        check_local(getattr(args, option), f"--{option}")
     before = current(args.registry) if Path(args.registry).is_dir() else None
     try:
         path = deploy(args.model, args.report, args.registry)

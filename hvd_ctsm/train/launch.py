@@ -24,6 +24,7 @@ from hvd_ctsm import distributed as dist
 from hvd_ctsm.config import ConfigError, TrainConfig, config_from_argv, config_yaml
 from hvd_ctsm.data.batches import shard_rows, split_url
 from hvd_ctsm.data.dataset_meta import read_metadata
+from hvd_ctsm.files import storage
 from hvd_ctsm.train import elastic_loop, faults
 from hvd_ctsm.train import loop as train
 from hvd_ctsm.train.run_folder import (check_out_folder, check_resume_matches, check_run_to_resume,
@@ -76,7 +77,10 @@ def check_run_folder(cfg: TrainConfig, options: LaunchOptions, resume: bool,
     """The run folder may take this run, the run it resumes is the same model and a warm start
     the same architecture (SystemExit naming the fix otherwise); with `remove`, --overwrite
     empties the folder. Made by the first rank, and by a Spark driver before its tasks start."""
-    if options.init_from:  # before --overwrite may empty the folder: the model may be in it
+    storage.check_local(cfg.out, "--out (out)")  # a run folder is local (renames, markers)
+    if options.init_from:
+        storage.check_local(options.init_from, "--init-from")
+        # before --overwrite may empty the folder: the model may be in it
         check_warm_start_matches(options.init_from, cfg)
     if not options.elastic or dist.launch_rank() == 0:
         inputs = [cfg.data.path, options.init_from]  # --overwrite removed a warm start's model

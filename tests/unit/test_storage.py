@@ -106,3 +106,30 @@ def test_every_command_takes_a_volume_uri_as_its_local_path(tmp_path, capsys):
                                          f"{volume}/run", "--report", str(tmp_path / "r.json")])
     err = capsys.readouterr().err
     assert code == 2 and "/Volumes/main/recsys/nowhere/" in err and "dbfs" not in err, err
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["backtest", "--data", "s3://b/features", "--model", "run", "--report", "s3://b/r.json"],
+     "--report"),
+    (["backtest", "--data", "features", "--model", "s3://b/run", "--report", "r.json"], "--model"),
+    (["gate", "--report", "s3://b/r.json", "--gate", "mrr>0"], "--report"),
+    (["deploy", "--model", "run", "--report", "r.json", "--registry", "foo://x/reg"],
+     "--registry"),
+    (["deploy", "--model", "s3://b/run", "--report", "r.json", "--registry", "reg"], "--model"),
+    (["train", "--data", "features", "--out", "s3://b/run"], "--out"),
+    (["train", "--data", "features", "--out", "run", "--init-from", "s3://b/run"],
+     "--init-from"),
+])
+def test_an_option_for_local_paths_refuses_a_url_in_one_line(argv, option, tmp_path, capsys,
+                                                             monkeypatch):
+    """These wrote to (or read from) a local folder named `s3:`, and said they had used the URL;
+    the refusal comes before any work, and nothing is written."""
+    from hvd_ctsm import cli
+    from hvd_ctsm.errors import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    code = run_cli(cli.main, "hvd-ctsm", argv)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert option in err and "takes a local path" in err and "://" in err, err
+    assert not list(tmp_path.iterdir())
