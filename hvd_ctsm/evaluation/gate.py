@@ -32,6 +32,7 @@ from hvd_ctsm import tracking
 from hvd_ctsm.errors import arg_parser, one_line
 from hvd_ctsm.evaluation import champion
 from hvd_ctsm.evaluation.metrics import RankingSums
+from hvd_ctsm.files import outputs
 from hvd_ctsm.files.atomic import atomic_write_bytes
 from hvd_ctsm.files.storage import check_local, location
 from hvd_ctsm.model.checkpoint import model_file
@@ -103,10 +104,22 @@ def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) ->
     return {"passed": all(c["passed"] for c in checks), "checks": checks}
 
 
-def check_report_path(path: str | Path) -> None:
-    """A report is written at a local path, over an earlier report only: any other file there is
-    refused (ValueError), before the backtest's work (it used to be replaced without a word)."""
+def check_report_place(path: str | Path) -> None:
+    """A report is written at a local path outside every model registry: `gate --report
+    REGISTRY/v0001/backtest.json` recorded its decision in a deployed version."""
     check_local(path, "--report")
+    registry = outputs.registry_holding(path)
+    if registry is not None:
+        raise outputs.UnsafeOutputError(
+            f"refusing to write {path}: it lies in the model registry {registry}, whose versions "
+            "never change after deploy; copy the report out of it and pass the copy (--report)")
+
+
+def check_report_path(path: str | Path) -> None:
+    """A report is written where check_report_place allows, over an earlier report only: any
+    other file there is refused (ValueError), before the backtest's work (it used to be
+    replaced without a word)."""
+    check_report_place(path)
     if not Path(path).exists():
         return
     try:
@@ -147,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     p = arg_parser("hvd-ctsm gate", __doc__.splitlines()[0])
     p.add_argument("--report", type=location, required=True,
                    help="a report written by hvd-ctsm backtest; the decision is written into it, "
-                        "replacing the one before, and deploy obeys it")
+                        "replacing the one before, and deploy obeys it (a report in a model "
+                        "registry is refused: a version never changes after deploy)")
     p.add_argument("--gate", default="", help=f"{GATE_HELP} (may be left out with --champion)")
     p.add_argument("--champion", help=CHAMPION_HELP)
     p.add_argument("--tolerance", type=float, default=0.005, help=TOLERANCE_HELP)
@@ -155,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_tolerance(args.tolerance)
         rules = parse_gate(args.gate)
-        check_local(args.report, "--report")
+        check_report_place(args.report)
         report = json.loads(Path(args.report).read_text())
         theirs = read_champion(args.champion, report, args.report)
         if not rules and theirs is None:

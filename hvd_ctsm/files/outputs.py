@@ -38,6 +38,15 @@ def deployed_version(registry: str | Path) -> Path | None:
     return Path(registry) / pointer.read_text().strip() if pointer.is_file() else None
 
 
+def registry_holding(path: str | Path) -> Path | None:
+    """The model registry `path` lies in (a folder deploy marked "registry"), or None: only
+    deploy writes there, and a version never changes after it."""
+    for folder in Path(path).resolve().parents:
+        if (marker(folder) or {}).get("kind") == "registry":
+            return folder
+    return None
+
+
 class UnsafeOutputError(FileExistsError):
     """Writing or replacing this output could destroy data we did not create."""
 

@@ -233,3 +233,20 @@ def test_the_notebook_backtest_replaces_only_a_report_and_names_the_splits(tmp_p
     assert metadata.read_text() == '{"schema_version": 1}'
     with pytest.raises(ValueError, match="split must be one of test, validation, got 'serving'"):
         run_backtest(tmp_path / "no-data", tmp_path / "no-model", "serving")
+
+
+def test_a_report_in_the_registry_is_never_rewritten(tmp_path, capsys):
+    """`gate --report REGISTRY/v0001/backtest.json` recorded a FAIL in a deployed version (and
+    a backtest could replace it): a version never changes after deploy."""
+    from hvd_ctsm.files import outputs
+
+    registry = tmp_path / "registry"
+    version = deployed(registry, features(tmp_path / "features", "a"), 0.12)
+    outputs.mark(registry, "registry")
+    before = (version / "backtest.json").read_text()
+    assert gate.main(["--report", str(version / "backtest.json"), "--gate", "mrr>0.9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"lies in the model registry {registry}" in err, err
+    with pytest.raises(FileExistsError, match="lies in the model registry"):
+        gate.check_report_path(version / "backtest.json")  # the backtest's check, before work
+    assert (version / "backtest.json").read_text() == before
