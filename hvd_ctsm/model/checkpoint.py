@@ -63,15 +63,25 @@ def save_state(path: Path, state: dict) -> str:
     return digest
 
 
+def verify_checksum(path: Path, data: bytes, required: bool = False) -> None:
+    """`data`, the bytes of `path`, match the checksum file save_state wrote beside it
+    (CheckpointError otherwise); a missing checksum file is refused only when `required`."""
+    sidecar = Path(f"{path}.sha256")
+    if not sidecar.exists():
+        if required:
+            raise CheckpointError(f"{sidecar} not found: the checksum file hvd-ctsm train writes "
+                                  f"beside {path.name}, to check it is whole")
+        return
+    want = (sidecar.read_text().split() or [""])[0]  # an empty checksum file: a mismatch
+    if hashlib.sha256(data).hexdigest() != want:
+        raise CheckpointError(f"{path}: checksum mismatch (truncated or corrupted)")
+
+
 def load_state(path: Path) -> dict:
     """Load a checkpoint after checking its checksum; weights_only: no code can run."""
     path = Path(path)
     data = path.read_bytes()
-    sidecar = Path(f"{path}.sha256")
-    if sidecar.exists():
-        want = sidecar.read_text().split()[0]
-        if hashlib.sha256(data).hexdigest() != want:
-            raise CheckpointError(f"{path}: checksum mismatch (truncated or corrupted)")
+    verify_checksum(path, data)
     import io
 
     try:

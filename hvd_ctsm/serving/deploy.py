@@ -8,7 +8,8 @@ report, byte for byte) makes no new version. A version folder appears whole or n
 built under a temporary name and renamed), and `current` is replaced atomically. A report whose
 gate did not pass, or that was made for another model file, is refused (exit code 1), and so is
 a version that would miss a file (exit code 1): metadata.json and vocab.json come from the
-report's dataset (a relative path is also tried from the report's folder). The copy is checked
+report's dataset (a relative path is also tried from the report's folder). A model.pt that does
+not match its model.pt.sha256 (or has none) is bad input (exit code 2). The copy is checked
 against its sources before `current` moves. Exit codes: hvd_ctsm/errors.py.
 
 When the model's run was tracked in MLflow (RUN/mlflow_run.json, hvd_ctsm.tracking), the version
@@ -32,7 +33,7 @@ from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.files import outputs
 from hvd_ctsm.files.atomic import FOLDER_MODE, atomic_write_bytes, set_mode
 from hvd_ctsm.files.storage import check_local, location
-from hvd_ctsm.model.checkpoint import model_file
+from hvd_ctsm.model.checkpoint import CheckpointError, model_file, verify_checksum
 
 
 class DeployRefused(RuntimeError):
@@ -107,10 +108,22 @@ def holds(version: Path, files: dict[str, Path]) -> bool:
     return True
 
 
-def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path) -> Path:
+def whole_model(model_path: str | Path) -> Path:
+    """The model.pt to deploy, checked against the checksum file beside it (bad input, exit 2:
+    a truncated or bit-flipped file was refused as "made for another model file", exit 1)."""
     model = model_file(model_path)
     if not model.is_file():
         raise FileNotFoundError(2, "no model.pt here: pass a run folder or a model.pt", str(model))
+    try:
+        verify_checksum(model, model.read_bytes(), required=True)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}; deploy a whole model: copy the model again with its "
+                              f"{model.name}.sha256, or train again") from None
+    return model
+
+
+def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path) -> Path:
+    model = whole_model(model_path)
     report_path = Path(report_path)
     report = json.loads(report_path.read_text())
     check_report(report, model)

@@ -104,3 +104,32 @@ def test_deploying_what_current_holds_again_makes_no_new_version(tmp_path, capsy
     assert sorted(p.name for p in registry.glob("v*")) == ["v0001", "v0002"]
     assert deploy.current(registry) == registry / "v0002"
     assert capsys.readouterr().out.startswith(f"deployed {registry / 'v0002'}")
+
+
+def deploy_line(args: list[str], capsys) -> tuple[int, str]:
+    """deploy's exit code and its one stderr line, as the command gives them (run_cli)."""
+    from hvd_ctsm.errors import run_cli
+
+    code = run_cli(deploy.main, "hvd-ctsm deploy", args)
+    err = capsys.readouterr().err
+    assert err.count("\n") == (code != 0), err
+    return code, err
+
+
+def test_a_damaged_model_or_one_without_its_checksum_is_bad_input(tmp_path, capsys):
+    """A truncated or bit-flipped model.pt was refused with exit 1 as "made for another model
+    file", and one without its .sha256 with a fix about the report's `data` field."""
+    run, report = run_folder(tmp_path, "../features")
+    features_beside(tmp_path)
+    registry = tmp_path / "registry"
+    args = ["--model", str(run), "--report", str(report), "--registry", str(registry)]
+    model, checksum = run / "model.pt", run / "model.pt.sha256"
+    for damaged in (b"weigh", b"weightS"):  # truncated; one byte changed
+        model.write_bytes(damaged)
+        code, err = deploy_line(args, capsys)
+        assert code == 2 and f"{model}: checksum mismatch (truncated or corrupted)" in err, err
+    model.write_bytes(b"weights")
+    checksum.unlink()
+    code, err = deploy_line(args, capsys)
+    assert code == 2 and f"{checksum} not found" in err and "`data`" not in err, err
+    assert not registry.exists()
