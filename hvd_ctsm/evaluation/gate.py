@@ -123,12 +123,30 @@ def check_report_path(path: str | Path) -> None:
     if not Path(path).exists():
         return
     try:
-        earlier = json.loads(Path(path).read_text())
+        earlier = read_report(path)
     except (OSError, ValueError):
-        earlier = None
-    if not (isinstance(earlier, dict) and {"model", "gate"} <= earlier.keys()):
+        earlier = {}
+    if "gate" not in earlier:  # every report the backtest writes holds its decision
         raise ValueError(f"refusing to replace {path}: it is not a backtest report; pick "
                          "another report path (--report)")
+
+
+def read_report(path: str | Path) -> dict:
+    """The backtest report at `path`; a folder, an empty or damaged file or another JSON file is
+    one line naming it and the fix (json's "Expecting value: line 1 column 1 (char 0)" named
+    neither). A missing file is FileNotFoundError: "PATH not found; check the path"."""
+    path, report, why = Path(path), None, "JSON without a report's model field"
+    if path.is_dir():
+        why = "it is a folder"
+    else:
+        try:
+            report = json.loads(path.read_bytes())
+        except ValueError:  # not JSON, or not text at all (UnicodeDecodeError is a ValueError)
+            why = "not JSON: empty or damaged"
+    if isinstance(report, dict) and isinstance(report.get("model"), dict):
+        return report
+    raise ValueError(f"{path} is not a backtest report ({why}); pass the JSON file "
+                     "`hvd-ctsm backtest --report` wrote")
 
 
 def decide(report: dict, rules, champion: dict | None, tolerance: float,
@@ -170,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         check_tolerance(args.tolerance)
         rules = parse_gate(args.gate)
         check_report_place(args.report)
-        report = json.loads(Path(args.report).read_text())
+        report = read_report(args.report)
         theirs = read_champion(args.champion, report, args.report)
         if not rules and theirs is None:
             raise ValueError("the gate names no rule: pass --gate (e.g. 'ndcg@10>=0.05') or "

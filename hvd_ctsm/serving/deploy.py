@@ -9,8 +9,9 @@ built under a temporary name and renamed), and `current` is replaced atomically.
 gate did not pass, or that was made for another model file, is refused (exit code 1), and so is
 a version that would miss a file (exit code 1): metadata.json and vocab.json come from the
 report's dataset (a relative path is also tried from the report's folder). A model.pt that does
-not match its model.pt.sha256 (or has none) is bad input (exit code 2). The copy is checked
-against its sources before `current` moves. Exit codes: hvd_ctsm/errors.py.
+not match its model.pt.sha256 (or has none), and a --report that is not a backtest report, are
+bad input (exit code 2). The copy is checked against its sources before `current` moves. Exit
+codes: hvd_ctsm/errors.py.
 
 When the model's run was tracked in MLflow (RUN/mlflow_run.json, hvd_ctsm.tracking), the version
 is also registered there as a version of the registered model tracking.registered_model (pyfunc
@@ -21,7 +22,6 @@ registry stays the offline fallback: scoring and --warm-start read it, with or w
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from hvd_ctsm import tracking
 from hvd_ctsm.errors import arg_parser
+from hvd_ctsm.evaluation.gate import read_report
 from hvd_ctsm.files import outputs
 from hvd_ctsm.files.atomic import FOLDER_MODE, atomic_write_bytes, set_mode
 from hvd_ctsm.files.storage import check_local, location
@@ -125,7 +126,7 @@ def whole_model(model_path: str | Path) -> Path:
 def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path) -> Path:
     model = whole_model(model_path)
     report_path = Path(report_path)
-    report = json.loads(report_path.read_text())
+    report = read_report(report_path)
     check_report(report, model)
     files = version_files(model, report, report_path)
     registry = Path(registry)

@@ -23,7 +23,8 @@ def run_folder(tmp_path: Path, data: str) -> tuple[Path, Path]:
     Path(f"{model}.sha256").write_text(hashlib.sha256(b"weights").hexdigest())
     (run / "config.yaml").write_text("epochs: 1\n")
     report = run / "backtest.json"
-    report.write_text(json.dumps({"data": data, "gate": {"passed": True, "checks": []},
+    report.write_text(json.dumps({"data": data, "model": {},
+                                  "gate": {"passed": True, "checks": []},
                                   "model_sha256": hashlib.sha256(b"weights").hexdigest()}))
     return run, report
 
@@ -133,3 +134,23 @@ def test_a_damaged_model_or_one_without_its_checksum_is_bad_input(tmp_path, caps
     code, err = deploy_line(args, capsys)
     assert code == 2 and f"{checksum} not found" in err and "`data`" not in err, err
     assert not registry.exists()
+
+
+def test_what_is_not_a_backtest_report_is_named_as_such(tmp_path, capsys):
+    """An empty file was json's "Expecting value: line 1 column 1 (char 0)", a folder "[Errno 21]
+    Is a directory", and a dataset's metadata.json exit 1 "no gate was applied"."""
+    from hvd_ctsm.evaluation import gate
+
+    run, _ = run_folder(tmp_path, "../features")
+    features_beside(tmp_path)
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    metadata = tmp_path / "work" / "features" / "metadata.json"
+    for report, why in ((empty, "not JSON: empty or damaged"), (run, "it is a folder"),
+                        (metadata, "JSON without a report's model field")):
+        args = ["--model", str(run), "--report", str(report)]
+        code, err = deploy_line([*args, "--registry", str(tmp_path / "registry")], capsys)
+        assert code == 2 and f"{report} is not a backtest report ({why})" in err, err
+        assert gate.main(["--report", str(report), "--gate", "mrr>0"]) == 2
+        assert f"{report} is not a backtest report ({why})" in capsys.readouterr().err
+    assert not (tmp_path / "registry").exists() and empty.read_text() == ""
