@@ -91,9 +91,10 @@ def _url_overlaps(out: str, source: str) -> bool:
     return out == source or out.startswith(source + "/") or source.startswith(out + "/")
 
 
-def check_not_an_input(out: str | Path, inputs: Iterable[str | Path | None]) -> None:
+def check_not_an_input(out: str | Path, inputs: Iterable[str | Path | None],
+                       option: str = "--out") -> None:
     """Refuse an output that is, holds or lies inside one of the command's inputs (local
-    folders, or URLs compared as text)."""
+    folders, or URLs compared as text); the message names the command's `option` for it."""
     for source in filter(None, inputs):
         if storage.is_remote(out) or storage.is_remote(source):
             overlaps = _url_overlaps(str(out), str(source))
@@ -102,7 +103,7 @@ def check_not_an_input(out: str | Path, inputs: Iterable[str | Path | None]) -> 
         if overlaps:
             raise UnsafeOutputError(
                 f"refusing to write {out}: it is, holds or lies inside the input {source}; "
-                "pick an --out outside every input")
+                f"pick another {option}, outside every input")
 
 
 def check_new_url(out: str, inputs: Iterable[str | Path | None] = ()) -> None:

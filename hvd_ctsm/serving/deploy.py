@@ -9,9 +9,9 @@ built under a temporary name and renamed), and `current` is replaced atomically.
 gate did not pass, or that was made for another model file, is refused (exit code 1), and so is
 a version that would miss a file (exit code 1): metadata.json and vocab.json come from the
 report's dataset (a relative path is also tried from the report's folder). A model.pt that does
-not match its model.pt.sha256 (or has none), and a --report that is not a backtest report, are
-bad input (exit code 2). The copy is checked against its sources before `current` moves. Exit
-codes: hvd_ctsm/errors.py.
+not match its model.pt.sha256 (or has none), a --report that is not a backtest report and a
+--registry that is a file, an input or another kind of output are bad input (exit code 2). The
+copy is checked against its sources before `current` moves. Exit codes: hvd_ctsm/errors.py.
 
 When the model's run was tracked in MLflow (RUN/mlflow_run.json, hvd_ctsm.tracking), the version
 is also registered there as a version of the registered model tracking.registered_model (pyfunc
@@ -123,6 +123,24 @@ def whole_model(model_path: str | Path) -> Path:
     return model
 
 
+def check_registry(registry: Path, inputs) -> None:
+    """--registry names a folder deploy may add versions to: not a file, no input, no other
+    kind of hvd_ctsm output, not inside a registry (whose versions never change after deploy).
+    mkdir said "[Errno 17] File exists" for a file."""
+    if registry.exists() and not registry.is_dir():
+        raise ValueError(f"--registry {registry} is a file, not a registry folder; pick a folder "
+                         "(a new one, or one deploy made)")
+    outputs.check_not_an_input(registry, inputs, "--registry")
+    holder = outputs.registry_holding(registry)
+    if holder is not None:
+        raise outputs.UnsafeOutputError(f"refusing to deploy into {registry}: it lies in the "
+                                        f"model registry {holder}; pass the registry itself")
+    kind = (outputs.marker(registry) or {}).get("kind", "registry")
+    if kind != "registry":
+        raise outputs.UnsafeOutputError(f"refusing to deploy into {registry}: it holds hvd_ctsm "
+                                        f"{kind} output, not a registry; pick another --registry")
+
+
 def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path) -> Path:
     model = whole_model(model_path)
     report_path = Path(report_path)
@@ -130,7 +148,7 @@ def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path
     check_report(report, model)
     files = version_files(model, report, report_path)
     registry = Path(registry)
-    outputs.check_not_an_input(registry, (model.parent, report_data_dir(report, report_path)))
+    check_registry(registry, (model.parent, report_data_dir(report, report_path)))
     deployed = current(registry)
     if deployed is not None and holds(deployed, files):  # deployed again: nothing new
         return deployed

@@ -154,3 +154,28 @@ def test_what_is_not_a_backtest_report_is_named_as_such(tmp_path, capsys):
         assert gate.main(["--report", str(report), "--gate", "mrr>0"]) == 2
         assert f"{report} is not a backtest report ({why})" in capsys.readouterr().err
     assert not (tmp_path / "registry").exists() and empty.read_text() == ""
+
+
+def test_the_registry_option_names_a_registry_folder(tmp_path, capsys):
+    """--registry a file was "[Errno 17] File exists", and the dataset "pick an --out"."""
+    from hvd_ctsm.files import outputs
+
+    run, report = run_folder(tmp_path, "../features")
+    features_beside(tmp_path)
+    features = tmp_path / "work" / "features"
+    scores = tmp_path / "scores"
+    scores.mkdir()
+    outputs.mark(scores, "scores")
+    args = ["--model", str(run), "--report", str(report), "--registry"]
+    for registry, said in ((report, f"--registry {report} is a file, not a registry folder"),
+                           (features, "pick another --registry, outside every input"),
+                           (scores, f"refusing to deploy into {scores}: it holds hvd_ctsm scores"
+                                    " output")):
+        code, err = deploy_line([*args, str(registry)], capsys)
+        assert code == 2 and said in err, err
+    registry = tmp_path / "registry"
+    assert deploy_line([*args, str(registry)], capsys)[0] == 0
+    code, err = deploy_line([*args, str(registry / "v0001")], capsys)
+    assert code == 2 and f"lies in the model registry {registry}" in err, err
+    assert sorted(p.name for p in (registry / "v0001").iterdir()) == sorted(deploy.REQUIRED)
+    assert [p.name for p in scores.iterdir()] == [outputs.MARKER]
