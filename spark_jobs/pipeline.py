@@ -24,7 +24,7 @@ from pathlib import Path
 
 from hvd_ctsm.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, exit_code_for,
                              run_cli)
-from hvd_ctsm.files.storage import location
+from hvd_ctsm.files.storage import check_local, location
 from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP
 
 PROG = "hvd-ctsm pipeline"  # the name its one-line errors start with
@@ -62,6 +62,8 @@ class PipelineConfig:
     """Feature job row groups per split (at least num_proc)."""
 
     def __post_init__(self):
+        check_local(self.work, "--work")  # the steps' own local-only outputs, checked first
+        check_local(self.registry, "--registry")
         if self.num_proc < 1:
             raise ValueError(f"num_proc must be >= 1, got {self.num_proc}")
         if self.row_groups < self.num_proc:

@@ -119,6 +119,8 @@ def test_every_command_takes_a_volume_uri_as_its_local_path(tmp_path, capsys):
     (["train", "--data", "features", "--out", "s3://b/run"], "--out"),
     (["train", "--data", "features", "--out", "run", "--init-from", "s3://b/run"],
      "--init-from"),
+    (["pipeline", "--source", "synthetic:clients=10", "--work", "w", "--registry", "s3://b/r",
+      "--gate", "mrr>0"], "--registry"),
 ])
 def test_an_option_for_local_paths_refuses_a_url_in_one_line(argv, option, tmp_path, capsys,
                                                              monkeypatch):
