@@ -64,6 +64,12 @@ class PipelineConfig:
     def __post_init__(self):
         check_local(self.work, "--work")  # the steps' own local-only outputs, checked first
         check_local(self.registry, "--registry")
+        from hvd_ctsm.serving.deploy import check_registry
+
+        # The registry is the last step's output: a file or a wrong folder there was found only
+        # after the features and the training had run.
+        work = Path(self.work)
+        check_registry(Path(self.registry), (work / "features", work / "model"))
         if self.num_proc < 1:
             raise ValueError(f"num_proc must be >= 1, got {self.num_proc}")
         if self.row_groups < self.num_proc:
@@ -149,9 +155,12 @@ def run_pipeline(spark, cfg: PipelineConfig) -> int:
     from hvd_ctsm.train.spark_train import train_on_spark
 
     work = Path(cfg.work)
-    work.mkdir(parents=True, exist_ok=True)
     data, model, report = work / "features", work / "model", work / "backtest.json"
+    work.mkdir(parents=True, exist_ok=True)
     deployed = deploy.current(cfg.registry)
+    if cfg.warm_start and not deployed:
+        print(f"[pipeline] --warm-start: {cfg.registry} has no deployed model yet: training "
+              "from scratch")
     steps = Steps(work, cfg)
     try:
         previous = deployed / "vocab.json" if deployed else None

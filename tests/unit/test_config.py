@@ -136,6 +136,20 @@ def test_the_spark_pipeline_takes_a_time_split_and_refuses_one_without_cutoffs(t
     assert cfg.features(tmp_path / "f").cutoffs == (1625097600, 1633046400)
 
 
+def test_the_spark_pipeline_refuses_a_registry_deploy_would_refuse_before_any_step(tmp_path):
+    """`--registry decoy.txt` (a file) ran the features and the training, 2 minutes, then
+    failed at deploy with '[Errno 17] File exists'."""
+    from hvd_ctsm.errors import run_cli
+    from spark_jobs import pipeline
+
+    decoy = tmp_path / "decoy.txt"
+    decoy.write_text("a user's notes")
+    args = ["--source", "synthetic:clients=10", "--work", str(tmp_path / "work"),
+            "--registry", str(decoy)]
+    assert run_cli(pipeline.main, "hvd-ctsm pipeline", args) == EXIT_BAD_INPUT
+    assert not (tmp_path / "work").exists() and decoy.read_text() == "a user's notes"
+
+
 def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path, capsys):
     import yaml
 
