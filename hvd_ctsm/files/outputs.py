@@ -41,10 +41,30 @@ def deployed_version(registry: str | Path) -> Path | None:
 def registry_holding(path: str | Path) -> Path | None:
     """The model registry `path` lies in (a folder deploy marked "registry"), or None: only
     deploy writes there, and a version never changes after it."""
+    held = folder_holding(path, ("registry",))
+    return held and held[0]
+
+
+def folder_holding(path: str | Path, kinds: tuple[str, ...]) -> tuple[Path, str] | None:
+    """(folder, kind): the nearest folder above `path` that we marked as one of `kinds`."""
+    if storage.is_remote(path):
+        return None
     for folder in Path(path).resolve().parents:
-        if (marker(folder) or {}).get("kind") == "registry":
-            return folder
+        kind = (marker(folder) or {}).get("kind")
+        if kind:
+            return (folder, kind) if kind in kinds else None
     return None
+
+
+def check_not_inside_a_whole(out: str | Path) -> None:
+    """Refuse an output inside a feature dataset or a registry: their readers check them file
+    by file (a file added to a split made the dataset refused as damaged), and a registry
+    version never changes after deploy."""
+    held = folder_holding(out, ("features", "registry"))
+    if held:
+        raise UnsafeOutputError(f"refusing to write {out}: it lies inside the hvd_ctsm "
+                                f"{held[1]} folder {held[0]}, which only its own job writes; "
+                                "pick an --out outside it")
 
 
 class UnsafeOutputError(FileExistsError):
@@ -117,8 +137,10 @@ def check_new_url(out: str, inputs: Iterable[str | Path | None] = ()) -> None:
 
 
 def check_replaceable(out: str | Path, kind: str, inputs: Iterable[str | Path | None] = ()) -> None:
-    """Stop unless `out` may be (re)written: absent or empty, or ours of the same kind."""
+    """Stop unless `out` may be (re)written: absent or empty, or ours of the same kind, and
+    not inside a dataset or a registry."""
     check_not_an_input(out, inputs)
+    check_not_inside_a_whole(out)
     out = Path(out)
     if not out.exists() or (out.is_dir() and is_empty(out)):
         return

@@ -40,7 +40,7 @@ from hvd_ctsm.data.schema import SERVING_SPLIT
 from hvd_ctsm.errors import arg_parser, run_cli
 from hvd_ctsm.files import storage
 from hvd_ctsm.files.atomic import atomic_write_bytes
-from hvd_ctsm.files.outputs import UnsafeOutputError, check_not_an_input
+from hvd_ctsm.files.outputs import UnsafeOutputError, check_not_an_input, check_not_inside_a_whole
 from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import load_model, model_file
 from hvd_ctsm.model.topk import client_states  # noqa: F401  (the scoring core, re-exported)
@@ -160,6 +160,7 @@ def check_score_file(out: str | Path, inputs) -> None:
                                     "--out outside every input")
     else:
         check_not_an_input(storage.local_path(out), inputs)
+        check_not_inside_a_whole(storage.local_path(out))
     if storage.is_dir(out):
         raise UnsafeOutputError(f"{out} is a folder: --out names the Parquet file to write")
     if storage.exists(out) and storage.parquet_columns(out) != SCORE_COLUMNS:

@@ -104,3 +104,21 @@ def test_ctrl_c_during_the_swap_waits_for_it_to_end(tmp_path, monkeypatch):
         signal.signal(signal.SIGINT, previous)
     assert (out / "new.txt").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_nothing_is_written_inside_a_dataset_or_a_registry(tmp_path):
+    """`score --out feat2/serving/new.parquet` wrote into another dataset, exit 0; that dataset
+    was then refused as damaged. A run, a scores folder or a file there is refused first."""
+    from hvd_ctsm.serving.score import check_score_file
+
+    data, registry = tmp_path / "feat2", tmp_path / "registry"
+    for folder, kind in ((data, "features"), (registry, "registry")):
+        (folder / "part").mkdir(parents=True)
+        outputs.mark(folder, kind)
+        with pytest.raises(outputs.UnsafeOutputError, match=f"inside the hvd_ctsm {kind} folder"):
+            check_score_file(folder / "part" / "new.parquet", ())
+        with pytest.raises(outputs.UnsafeOutputError, match=f"inside the hvd_ctsm {kind} folder"):
+            outputs.check_replaceable(folder / "run", "run")
+    check_score_file(tmp_path / "scores.parquet", ())  # beside them: fine
+    outputs.check_replaceable(tmp_path / "run", "run")
+    outputs.check_replaceable(data, "features")  # the dataset itself: its own job replaces it
