@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from pyspark.errors import AnalysisException
+
 from hvd_ctsm.data.arrow_reader import spark_rows
 from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.errors import BAD_INPUT_ERRORS, EXIT_BAD_INPUT, EXIT_CRASH, one_line, run_cli
@@ -101,7 +103,7 @@ def _score_table(spark, dataset, path: Path, source: tuple[str, str], table: str
     job creates no table, and an existing one is replaced only with `overwrite`."""
     if not table:
         raise ScoringError("--out table: needs a table name: table:NAME (catalog.schema.table)")
-    if spark.catalog.tableExists(table) and not overwrite:
+    if _table_exists(spark, table) and not overwrite:
         raise ScoringError(f"table {table} exists: pass --overwrite to replace it, or name "
                            "another table")
     items = vocab_items(dataset, load_state(path))
@@ -113,6 +115,10 @@ def _score_table(spark, dataset, path: Path, source: tuple[str, str], table: str
             scores.write.saveAsTable(table, mode=mode)
         except Exception as exc:
             if "LOCATION_ALREADY_EXISTS" not in str(exc):
+                if isinstance(exc, AnalysisException):  # e.g. SCHEMA_NOT_FOUND: in its words
+                    raise ScoringError(f"table {table}: Spark cannot create it ({_first(exc)}):"
+                                       " check that its schema (database) exists and that you "
+                                       "may create tables in it") from None
                 raise
             # A catalog that forgets its tables when the application ends (Spark's local
             # default, in-memory) leaves their folders behind; the folder is not ours to remove.
@@ -125,6 +131,22 @@ def _score_table(spark, dataset, path: Path, source: tuple[str, str], table: str
     with job_settings(spark):
         summary = _score_into(spark, source, path, items, k, save, lambda: spark.table(table))
     return summary | {"table": table}
+
+
+def _table_exists(spark, table: str) -> bool:
+    """Whether the catalog has `table`; a name Spark cannot parse is bad input, in one line
+    (it was "crashed: ParseException")."""
+    try:
+        return spark.catalog.tableExists(table)
+    except AnalysisException as exc:  # ParseException is one
+        raise ScoringError(f"table:{table} is not a table name Spark takes ({_first(exc)}): "
+                           "name it catalog.schema.table, with letters, digits and _") from None
+
+
+def _first(exc: Exception) -> str:
+    """The first line of a Spark error (its error class and message), at most 160 characters."""
+    return " ".join(str(exc).strip().splitlines()[0].split())[:160] if str(exc).strip() else \
+        type(exc).__name__
 
 
 def _score_into(spark, source: tuple[str, str], path: Path, items: list, k: int, write,

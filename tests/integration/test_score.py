@@ -112,6 +112,10 @@ def test_spark_scores_go_into_a_catalog_table_replaced_only_with_overwrite(
         args[5] = "table:ctsm_out.forgotten"
         assert main([*args, "--overwrite"]) == 2
         assert (leftover / "part-0.parquet").read_bytes() == b"a user's"
+        # A name Spark cannot parse, a schema that does not exist: one line, exit 2 (crashes)
+        for name in ("table:no such!", "table:no_such_schema.scores"):
+            args[5] = name
+            assert main(args) == 2
     finally:
         spark.sql("DROP DATABASE IF EXISTS ctsm_out CASCADE")
 
