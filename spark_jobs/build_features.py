@@ -331,8 +331,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--strict", action="store_true", help="fail instead of rejecting rows")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
-    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="Spark setting")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", type=spark_setting,
+                   help="Spark setting")
     return p.parse_args(argv)
+
+
+def spark_setting(text: str) -> tuple[str, str]:
+    """--conf KEY=VALUE as (key, value); without '=' argparse's one line names it (it was
+    "dictionary update sequence element #0 has length 1; 2 is required")."""
+    key, equals, value = text.partition("=")
+    if not (key.strip() and equals):
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. "
+                                         "spark.driver.memory=8g)")
+    return key.strip(), value
 
 
 def config_from_args(args) -> FeatureConfig:
@@ -369,7 +380,7 @@ def main(argv=None) -> int:
     try:  # an output we may not write stops here, before Spark starts (about 10 s)
         check_output(config)
         spark = sized_spark(config.source, resolve_master(args.master), PROG,
-                            dict(kv.split("=", 1) for kv in args.conf))
+                            dict(args.conf))
         summary = build_features(spark, config)
     except ExecutorPythonError as err:  # the executors' Python cannot run the job: 3
         print(f"{PROG}: error: {err}", file=sys.stderr)

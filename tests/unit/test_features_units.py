@@ -293,3 +293,16 @@ def test_previous_vocab_is_a_file_or_the_folder_that_holds_it(tmp_path):
         assert load_vocab(str(given)) == content
     with pytest.raises(FileNotFoundError, match="--previous-vocab .*: no vocab.json there"):
         load_vocab(str(tmp_path / "nothing"))
+
+
+def test_a_spark_setting_without_an_equals_sign_is_argparses_one_line(capsys):
+    """--conf foo was "dictionary update sequence element #0 has length 1; 2 is required"."""
+    from spark_jobs.build_features import parse_args
+
+    args = parse_args(["--source", "synthetic:clients=10", "--out", "o", "--conf",
+                       "spark.driver.memory=8g", "--conf", "spark.x= a=b"])
+    assert dict(args.conf) == {"spark.driver.memory": "8g", "spark.x": " a=b"}
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--source", "synthetic:clients=10", "--out", "o", "--conf", "foo"])
+    assert stop.value.code == 2
+    assert "argument --conf: 'foo' is not KEY=VALUE" in capsys.readouterr().err
