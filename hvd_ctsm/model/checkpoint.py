@@ -42,7 +42,12 @@ def load_model(path: str | Path):
     names. Every consumer (backtest, scoring, the pyfunc flavour, Spark executors) loads here."""
     from hvd_ctsm.model.ctsm import CTSM
 
-    state = load_state(model_file(path))
+    path = model_file(path)
+    state = load_state(path)
+    if not {"sizes", "config", "model"} <= state.keys():  # it said "missing field 'sizes'"
+        raise CheckpointError(f"{path} is not a model.pt (no model sizes and settings in it): a "
+                              "training checkpoint (checkpoints/*.pt)? pass the run folder, or "
+                              "its model.pt")
     return CTSM.from_checkpoint(state), state
 
 

@@ -146,3 +146,12 @@ def test_a_file_that_is_not_a_model_is_bad_input_not_a_crash(tmp_path):
     with pytest.raises(CheckpointError, match="cannot be loaded: not a model or checkpoint") as e:
         load_state(report)
     assert exit_code_for(e.value) == EXIT_BAD_INPUT and "\n" not in str(e.value)
+
+
+def test_a_training_checkpoint_given_as_a_model_is_named_as_such(tmp_path):
+    """backtest --model RUN/checkpoints/best.pt said "missing field 'sizes' in an input file"."""
+    path = tmp_path / "best.pt"
+    save_state(path, {"model": {}, "optimizer": {}, "config": {}, "position": {}})
+    with pytest.raises(checkpoint.CheckpointError, match="best.pt is not a model.pt .* a training "
+                                              "checkpoint .* pass the run folder, or its model"):
+        checkpoint.load_model(path)
