@@ -51,8 +51,12 @@ def fsync_dir(path: Path) -> None:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write data to path so that path is never seen half-written: temp file, fsync, rename."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # its message named our temporary file, which the user never typed
+        raise PermissionError(exc.errno, f"cannot write there ({exc.strerror})",
+                              str(path)) from None
     try:
         set_mode(fd, FILE_MODE)  # as open() would make it, not mkstemp's 0o600
         with os.fdopen(fd, "wb") as f:

@@ -122,3 +122,15 @@ def test_nothing_is_written_inside_a_dataset_or_a_registry(tmp_path):
     check_score_file(tmp_path / "scores.parquet", ())  # beside them: fine
     outputs.check_replaceable(tmp_path / "run", "run")
     outputs.check_replaceable(data, "features")  # the dataset itself: its own job replaces it
+
+
+def test_a_file_that_cannot_be_written_is_named_not_its_temporary_file():
+    """`backtest --report /proc/r.json` said "/proc/.r.json.rvgmaky9.tmp not found; check the
+    path": a name the user never typed. (/proc: even root cannot create files there.)"""
+    from hvd_ctsm.errors import one_line
+    from hvd_ctsm.files.atomic import atomic_write_bytes
+
+    with pytest.raises(PermissionError) as refused:
+        atomic_write_bytes("/proc/r.json", b"{}")
+    assert refused.value.filename == "/proc/r.json"
+    assert one_line(refused.value).startswith("cannot write or read /proc/r.json")
