@@ -40,7 +40,8 @@ from hvd_ctsm.data.schema import SERVING_SPLIT
 from hvd_ctsm.errors import arg_parser, run_cli
 from hvd_ctsm.files import storage
 from hvd_ctsm.files.atomic import atomic_write_bytes
-from hvd_ctsm.files.outputs import UnsafeOutputError, check_not_an_input, check_not_inside_a_whole
+from hvd_ctsm.files.outputs import (UnsafeOutputError, check_not_an_input, check_not_inside_a_whole,
+                                    deployed_version)
 from hvd_ctsm.files.storage import location
 from hvd_ctsm.model.checkpoint import load_model, model_file
 from hvd_ctsm.model.topk import client_states  # noqa: F401  (the scoring core, re-exported)
@@ -69,6 +70,10 @@ def resolve_model(path: str | Path) -> Path:
         registry_like = Path(path).is_dir() and not (Path(path) / "config.yaml").exists()
         hint = " (a folder without `current`: a registry before its first deploy? run hvd-ctsm " \
             "deploy)" if registry_like else ""
+        named = deployed_version(path) if Path(path).is_dir() else None
+        if named is not None:
+            hint = f" (its `current` names {named.name}, which holds no model.pt: deploy " \
+                "again, or put back that version)"
         raise ScoringError(f"no model at {path}{hint}: pass a registry, a run folder or a "
                            "model.pt")
     return found

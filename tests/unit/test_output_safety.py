@@ -134,3 +134,16 @@ def test_a_file_that_cannot_be_written_is_named_not_its_temporary_file():
         atomic_write_bytes("/proc/r.json", b"{}")
     assert refused.value.filename == "/proc/r.json"
     assert one_line(refused.value).startswith("cannot write or read /proc/r.json")
+
+
+def test_a_registry_whose_current_version_is_gone_says_so(tmp_path):
+    """REGISTRY/current naming a missing v0007 was "a folder without `current`"."""
+    from hvd_ctsm.serving.score import ScoringError, resolve_model
+
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    with pytest.raises(ScoringError, match="a folder without `current`"):
+        resolve_model(registry)
+    (registry / outputs.CURRENT).write_text("v0007\n")
+    with pytest.raises(ScoringError, match="its `current` names v0007, which holds no model.pt"):
+        resolve_model(registry)
