@@ -105,8 +105,9 @@ class FeatureConfig:
             self.cutoffs = tuple(self.cutoffs.split(","))
         if self.split == "time":
             if not self.cutoffs or len(self.cutoffs) != 2:
-                raise ValueError("split='time' needs cutoffs=(T1, T2) (on the command line: "
-                                 "--cutoffs T1,T2, unix seconds or ISO dates)")
+                given = f" (got {','.join(map(str, self.cutoffs))!r})" if self.cutoffs else ""
+                raise ValueError(f"split='time' needs two cutoffs=(T1, T2){given} (on the "
+                                 "command line: --cutoffs T1,T2, unix seconds or ISO dates)")
             t1, t2 = (parse_time(t) for t in self.cutoffs)
             if not t1 < t2:
                 raise ValueError(f"cutoffs must increase: {self.cutoffs[0]} ({t1}) is not "

@@ -13,6 +13,7 @@ Gate metrics name the full-ranking protocol by default (`ndcg@10`, `hr@10`, `mrr
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 import time
@@ -122,6 +123,14 @@ def print_table(report: dict) -> None:
               + ", ".join(cells))
 
 
+def seed(text: str) -> int:
+    """--seed as numpy's generators take it: -1 was "expected non-negative integer", alone."""
+    value = int(text)  # argparse names the option for a ValueError: "invalid seed value"
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative: a seed is a whole number >= 0")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = arg_parser("hvd-ctsm backtest", __doc__.splitlines()[0])
     p.add_argument("--data", type=location, required=True, help="feature job output folder")
@@ -131,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gate", default="", help=gate.GATE_HELP)
     p.add_argument("--champion", help=gate.CHAMPION_HELP)
     p.add_argument("--tolerance", type=float, default=0.005, help=gate.TOLERANCE_HELP)
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampled negatives")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the sampled negatives (>= 0)")
     p.add_argument("--baseline", help="another run (e.g. trained with --config sasrec) to "
                                       "report beside the model on the same targets")
     args = p.parse_args(argv)

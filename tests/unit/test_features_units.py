@@ -306,3 +306,9 @@ def test_a_spark_setting_without_an_equals_sign_is_argparses_one_line(capsys):
         parse_args(["--source", "synthetic:clients=10", "--out", "o", "--conf", "foo"])
     assert stop.value.code == 2
     assert "argument --conf: 'foo' is not KEY=VALUE" in capsys.readouterr().err
+
+
+def test_one_cutoff_is_named_as_given():
+    """--cutoffs abc said 'needs cutoffs', as if none had been given."""
+    with pytest.raises(ValueError, match="needs two cutoffs=\\(T1, T2\\) \\(got 'abc'\\)"):
+        FeatureConfig(source="synthetic:clients=10", out="o", split="time", cutoffs="abc")

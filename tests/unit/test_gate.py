@@ -250,3 +250,11 @@ def test_a_report_in_the_registry_is_never_rewritten(tmp_path, capsys):
     with pytest.raises(FileExistsError, match="lies in the model registry"):
         gate.check_report_path(version / "backtest.json")  # the backtest's check, before work
     assert (version / "backtest.json").read_text() == before
+
+
+def test_a_negative_seed_is_argparses_one_line_naming_the_option(capsys):
+    """--seed -1 was numpy's 'expected non-negative integer', naming nothing."""
+    with pytest.raises(SystemExit) as stop:
+        backtest.main(["--data", "d", "--model", "m", "--report", "r.json", "--seed", "-1"])
+    assert stop.value.code == 2
+    assert "argument --seed: -1 is negative" in capsys.readouterr().err
