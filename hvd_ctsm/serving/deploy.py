@@ -135,10 +135,18 @@ def check_registry(registry: Path, inputs) -> None:
     if holder is not None:
         raise outputs.UnsafeOutputError(f"refusing to deploy into {registry}: it lies in the "
                                         f"model registry {holder}; pass the registry itself")
-    kind = (outputs.marker(registry) or {}).get("kind", "registry")
+    outputs.check_not_inside_a_whole(registry)  # e.g. inside a feature dataset
+    record = outputs.marker(registry)
+    kind = (record or {}).get("kind", "registry")
     if kind != "registry":
         raise outputs.UnsafeOutputError(f"refusing to deploy into {registry}: it holds hvd_ctsm "
                                         f"{kind} output, not a registry; pick another --registry")
+    # A folder of the user's files was marked a registry and got v0001 beside them. (A registry
+    # from before registries were marked holds versions: it is taken.)
+    if record is None and not outputs.is_empty(registry) and not any(registry.glob("v[0-9]*")):
+        raise outputs.UnsafeOutputError(f"refusing to deploy into {registry}: it holds files "
+                                        "deploy did not write; pick a new folder for the "
+                                        "registry, or one deploy made")
 
 
 def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path) -> Path:

@@ -179,3 +179,10 @@ def test_the_registry_option_names_a_registry_folder(tmp_path, capsys):
     assert code == 2 and f"lies in the model registry {registry}" in err, err
     assert sorted(p.name for p in (registry / "v0001").iterdir()) == sorted(deploy.REQUIRED)
     assert [p.name for p in scores.iterdir()] == [outputs.MARKER]
+    # A folder of the user's own files was marked a registry and got v0001 beside them
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's notes")
+    code, err = deploy_line([*args, str(mine)], capsys)
+    assert code == 2 and "it holds files deploy did not write" in err, err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
