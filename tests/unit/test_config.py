@@ -136,7 +136,7 @@ def test_the_spark_pipeline_takes_a_time_split_and_refuses_one_without_cutoffs(t
     assert cfg.features(tmp_path / "f").cutoffs == (1625097600, 1633046400)
 
 
-def test_the_spark_pipeline_refuses_a_registry_deploy_would_refuse_before_any_step(tmp_path):
+def test_the_spark_pipeline_refuses_a_registry_or_work_folder_it_may_not_write_first(tmp_path):
     """`--registry decoy.txt` (a file) ran the features and the training, 2 minutes, then
     failed at deploy with '[Errno 17] File exists'."""
     from hvd_ctsm.errors import run_cli
@@ -148,6 +148,14 @@ def test_the_spark_pipeline_refuses_a_registry_deploy_would_refuse_before_any_st
             "--registry", str(decoy)]
     assert run_cli(pipeline.main, "hvd-ctsm pipeline", args) == EXIT_BAD_INPUT
     assert not (tmp_path / "work").exists() and decoy.read_text() == "a user's notes"
+    # --work a feature dataset: the features step would have written into it, after Spark
+    from hvd_ctsm.files import outputs
+
+    (tmp_path / "feat").mkdir()
+    outputs.mark(tmp_path / "feat", "features")
+    args[3], args[5] = str(tmp_path / "feat"), str(tmp_path / "registry")
+    assert run_cli(pipeline.main, "hvd-ctsm pipeline", args) == EXIT_BAD_INPUT
+    assert [p.name for p in (tmp_path / "feat").iterdir()] == [outputs.MARKER]
 
 
 def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path, capsys):
