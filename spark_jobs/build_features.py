@@ -32,7 +32,7 @@ from hvd_ctsm.errors import (BAD_INPUT_ERRORS, EXIT_BAD_INPUT, EXIT_CRASH, arg_p
 from hvd_ctsm.files import outputs, storage
 from hvd_ctsm.files.storage import location
 from spark_jobs import attributes, sequences, split, validate, vocab, write
-from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP, FeatureConfig, parse_time
+from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP, FeatureConfig, parse_time, spark_setting
 from spark_jobs.sources import load_source
 
 PROG = "hvd-ctsm features"  # the name its one-line errors start with (also as hvd-ctsm-features)
@@ -335,15 +335,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Spark setting")
     return p.parse_args(argv)
 
-
-def spark_setting(text: str) -> tuple[str, str]:
-    """--conf KEY=VALUE as (key, value); without '=' argparse's one line names it (it was
-    "dictionary update sequence element #0 has length 1; 2 is required")."""
-    key, equals, value = text.partition("=")
-    if not (key.strip() and equals):
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. "
-                                         "spark.driver.memory=8g)")
-    return key.strip(), value
 
 
 def config_from_args(args) -> FeatureConfig:

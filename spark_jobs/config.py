@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime as dt
 import time
@@ -140,3 +141,13 @@ class FeatureConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def spark_setting(text: str) -> tuple[str, str]:
+    """--conf KEY=VALUE as (key, value); without '=' argparse's one line names it (it was
+    "dictionary update sequence element #0 has length 1; 2 is required")."""
+    key, equals, value = text.partition("=")
+    if not (key.strip() and equals):
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. "
+                                         "spark.driver.memory=8g)")
+    return key.strip(), value
