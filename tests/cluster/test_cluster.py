@@ -11,6 +11,7 @@ which runs this tier on both stacks, under 30 minutes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -31,10 +32,15 @@ pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow, pytest.m
 BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports: each socket stays bound until all are picked. Picked one at a
+    time, the kernel handed out the master's UI port again for the worker's; the worker's UI
+    moved to the next port, and the test read the master's status as the worker's."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def spark_env(tmp: Path) -> dict:
@@ -93,7 +99,7 @@ def cluster(tmp_path_factory):
     """(master URL, master UI port, worker UI port, folder): a master and a 3-core worker
     (2 training ranks, plus one slot more for the slot-wait check), stopped afterwards."""
     tmp = tmp_path_factory.mktemp("cluster")
-    port, ui, worker_ui = free_port(), free_port(), free_port()
+    port, ui, worker_ui = free_ports(3)
     env = spark_env(tmp)
     spark_class = str(BIN / "spark-class")
     procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master",
