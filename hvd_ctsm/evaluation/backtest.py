@@ -27,10 +27,9 @@ from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.data.dataset_meta import metadata_sha256, read_metadata
 from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.evaluation import champion, gate
-from hvd_ctsm.evaluation.champion import model_sha256
 from hvd_ctsm.evaluation.evaluate import Popularity, evaluate, model_scorer, paired_differences
 from hvd_ctsm.files.storage import check_local, location
-from hvd_ctsm.model.checkpoint import load_model, model_file
+from hvd_ctsm.model.checkpoint import load_model, model_file, model_sha256
 from hvd_ctsm.progress import with_progress
 
 EVALUATED_SPLITS = ("test", "validation")  # the serving split has no targets

@@ -21,14 +21,13 @@ report's folder).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from hvd_ctsm import tracking
 from hvd_ctsm.data.dataset_meta import metadata_sha256
-from hvd_ctsm.model.checkpoint import model_file
+from hvd_ctsm.model.checkpoint import model_file, model_sha256
 
 TAKES = ("--champion takes a registry folder (its current version), a version folder "
          "(REGISTRY/vNNNN), a backtest report (.json) or models:/NAME@ALIAS")
@@ -58,17 +57,6 @@ def report_data_sha256(report: dict, path: str | Path | None = None) -> str | No
         if isinstance(meta, dict):
             return metadata_sha256(meta)
     return None
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def model_sha256(path: Path) -> str:
-    """A model file's sha256 as its checksum file holds it (loading the model checks the bytes
-    against it), else from its bytes: a catalog of 10^6 items is a file of hundreds of MB."""
-    sidecar = Path(f"{path}.sha256")
-    return sidecar.read_text().split()[0] if sidecar.is_file() else file_sha256(path)
 
 
 @dataclass

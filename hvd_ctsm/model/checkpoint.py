@@ -68,16 +68,29 @@ def save_state(path: Path, state: dict) -> str:
     return digest
 
 
+def recorded_sha256(path: Path) -> str | None:
+    """The sha256 save_state recorded beside `path` (its checksum file), None without one; an
+    empty checksum file is "" (no file's digest)."""
+    sidecar = Path(f"{path}.sha256")
+    return (sidecar.read_text().split() or [""])[0] if sidecar.is_file() else None
+
+
+def model_sha256(path: Path) -> str:
+    """A model file's sha256 as its checksum file holds it (loading the model checks the bytes
+    against it), else from its bytes: a catalog of 10^6 items is a file of hundreds of MB."""
+    recorded = recorded_sha256(path)
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if recorded is None else recorded
+
+
 def verify_checksum(path: Path, data: bytes, required: bool = False) -> None:
     """`data`, the bytes of `path`, match the checksum file save_state wrote beside it
     (CheckpointError otherwise); a missing checksum file is refused only when `required`."""
-    sidecar = Path(f"{path}.sha256")
-    if not sidecar.exists():
+    want = recorded_sha256(path)
+    if want is None:
         if required:
-            raise CheckpointError(f"{sidecar} not found: the checksum file hvd-ctsm train writes "
-                                  f"beside {path.name}, to check it is whole")
+            raise CheckpointError(f"{path}.sha256 not found: the checksum file hvd-ctsm train "
+                                  f"writes beside {path.name}, to check it is whole")
         return
-    want = (sidecar.read_text().split() or [""])[0]  # an empty checksum file: a mismatch
     if hashlib.sha256(data).hexdigest() != want:
         raise CheckpointError(f"{path}: checksum mismatch (truncated or corrupted)")
 

@@ -34,7 +34,7 @@ from hvd_ctsm.evaluation.gate import read_report
 from hvd_ctsm.files import outputs
 from hvd_ctsm.files.atomic import FOLDER_MODE, atomic_write_bytes, set_mode
 from hvd_ctsm.files.storage import check_local, location
-from hvd_ctsm.model.checkpoint import CheckpointError, model_file, verify_checksum
+from hvd_ctsm.model.checkpoint import CheckpointError, model_file, model_sha256, verify_checksum
 
 
 class DeployRefused(RuntimeError):
@@ -54,8 +54,7 @@ def check_report(report: dict, model: Path) -> None:
         raise DeployRefused(f"refusing to deploy: the report's gate was passed on the "
                             f"{report['split']} split, which picked the model's epoch; gate a "
                             "backtest of the test split (hvd-ctsm backtest, its default)")
-    digest = hashlib.sha256(model.read_bytes()).hexdigest()
-    if report.get("model_sha256") != digest:
+    if report.get("model_sha256") != model_sha256(model):  # whole_model checked the bytes
         raise DeployRefused("refusing to deploy: the report was made for another model file")
 
 
