@@ -9,7 +9,7 @@ One input row per client (a pandas DataFrame):
                  to score from); one WARNING per call (logger hvd_ctsm.tracking) counts them
     event_types  optional, one per item: purchase, rating, view or profile (default purchase)
     values       optional, one per item (e.g. the rating; default 0); finite and within
-                 +-VALUE_LIMIT (1e15), or the row is refused
+                 +-MAX_EVENT_VALUE (1e15), or the row is refused
     timestamps   optional, unix seconds, one per item: the time gaps (default: no gap)
     <attribute>  optional, one column per client attribute of the training data (e.g. region),
                  its raw value; unknown or absent: the unknown index
@@ -31,7 +31,6 @@ from hvd_ctsm.data.schema import EVENT_TYPE_INDEX, MAX_EVENT_VALUE, log_hours
 log = logging.getLogger("hvd_ctsm.tracking")
 OUTPUT_COLUMNS = ("client_id", "item_ids", "scores")
 OPTIONAL_LISTS = ("event_types", "values", "timestamps")
-VALUE_LIMIT = MAX_EVENT_VALUE  # beyond it the model's float32 layers overflow (schema)
 
 
 class HistoryError(ValueError):
@@ -66,11 +65,11 @@ def _id_text(value, where: str) -> str | None:
 
 def _check_values(given: list, client: str) -> None:
     values = np.asarray(given, dtype=np.float64)
-    refused = values[~(np.abs(values) <= VALUE_LIMIT)]  # NaN too: it compares False
+    refused = values[~(np.abs(values) <= MAX_EVENT_VALUE)]  # NaN too: it compares False
     if len(refused):
         raise HistoryError(f"client {client}: `values` must be finite numbers between "
-                           f"{-VALUE_LIMIT:g} and {VALUE_LIMIT:g} (larger ones overflow the "
-                           f"model's float32 layers); got {refused.tolist()[:3]}")
+                           f"{-MAX_EVENT_VALUE:g} and {MAX_EVENT_VALUE:g} (larger ones "
+                           f"overflow the model's float32 layers); got {refused.tolist()[:3]}")
 
 
 def _one_history(record: dict, position: int, items: dict, attrs: dict[str, dict],
