@@ -177,6 +177,12 @@ def test_the_registry_option_names_a_registry_folder(tmp_path, capsys):
     assert deploy_line([*args, str(registry)], capsys)[0] == 0
     code, err = deploy_line([*args, str(registry / "v0001")], capsys)
     assert code == 2 and f"lies in the model registry {registry}" in err, err
+    other = tmp_path / "other-features"
+    other.mkdir()
+    outputs.mark(other, "features")  # a dataset that is no input of this deploy
+    code, err = deploy_line([*args, str(other / "registry")], capsys)
+    assert code == 2 and f"lies inside the feature dataset {other}" in err, err
+    assert sorted(p.name for p in other.iterdir()) == [outputs.MARKER]
     assert sorted(p.name for p in (registry / "v0001").iterdir()) == sorted(deploy.REQUIRED)
     assert [p.name for p in scores.iterdir()] == [outputs.MARKER]
     # A folder of the user's own files was marked a registry and got v0001 beside them
