@@ -25,6 +25,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from hvd_ctsm.data.schema import EVENT_TYPE_INDEX, MAX_EVENT_VALUE, log_hours
 
@@ -33,8 +35,14 @@ OUTPUT_COLUMNS = ("client_id", "item_ids", "scores")
 OPTIONAL_LISTS = ("event_types", "values", "timestamps")
 
 
-class HistoryError(ValueError):
-    """An input row that cannot be scored; the message names the row and the fix."""
+class HistoryError(MlflowException, ValueError):
+    """An input row that cannot be scored; the message names the row and the fix. An
+    MlflowException of MLflow's bad-input kind, so that `mlflow models serve` answers 400 with
+    it; any other error is its 'unexpected error while evaluating the model', the reason then
+    only on the last line of a server-side traceback."""
+
+    def __init__(self, message: str):
+        super().__init__(message, error_code=INVALID_PARAMETER_VALUE)
 
 
 def _as_list(value, what: str, client: str) -> list:
