@@ -11,7 +11,7 @@ import time
 import warnings
 from pathlib import Path
 
-from hvd_ctsm import errors
+from hvd_ctsm import errors, spark_start
 
 # PySpark 4.3 warns at each pandas conversion that it "does not yet fully support pandas >= 3.0.0".
 # The one incompatibility our jobs meet is handled (spark_jobs/pandas_frames.py), and the current
@@ -60,8 +60,8 @@ def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **
     """
     from pyspark.sql import SparkSession
 
-    settings = {**DEFAULT_CONF, "spark.executorEnv.PYTHONWARNINGS": _worker_warnings(),
-                **{setting_name(k): str(v) for k, v in conf.items()}}
+    asked = {setting_name(k): str(v) for k, v in conf.items()}
+    settings = {**DEFAULT_CONF, "spark.executorEnv.PYTHONWARNINGS": _worker_warnings(), **asked}
     active = SparkSession.getActiveSession()
     if active is not None:
         for key, value in conf.items():
@@ -80,14 +80,38 @@ def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **
         builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    try:
-        spark = builder.getOrCreate()
-    except Exception as exc:  # noqa: BLE001  pyspark's error type differs between 3.5 and 4
-        if "JAVA_GATEWAY_EXITED" not in str(exc) and "Java gateway process exited" not in str(exc):
-            raise
-        raise RuntimeError(no_java_line()) from None
+    spark = start(builder, asked, master)
     spark.sparkContext.setLogLevel("ERROR")
     cancel_jobs_on_ctrl_c(spark.sparkContext)
+    return spark
+
+
+def start(builder, asked: dict, master: str | None):
+    """builder.getOrCreate(), or one line saying why Spark did not start (spark_start.failure:
+    bad input where it names the master or a setting in `asked`) instead of Java's trace. What
+    the JVM prints is held while it starts (spark_start.JvmStderr); under spark-submit the JVM
+    is spark-submit's, already running."""
+    held = None if under_spark_submit() else spark_start.JvmStderr()
+    try:
+        spark = builder.getOrCreate()
+        # The SQL session reads its settings at its first use: a bad one fails here, not in
+        # the job's first step.
+        spark.conf.get("spark.sql.session.timeZone")
+    except BaseException as exc:  # pyspark's error types differ between 3.5 and 4
+        output = held.restore() if held else ""
+        error = spark_start.failure(exc, output, asked, master)
+        if held and error is not None:
+            held.discard()  # what Spark said is in the line, and all of it in --debug's
+        elif held:
+            held.release()
+        if error is not None:
+            raise error  # noqa: B904  its cause is Spark's error and output
+        if any(mark in str(exc) for mark in spark_start.GATEWAY_EXITED):
+            raise RuntimeError(no_java_line()) from None
+        raise
+    if held:
+        held.restore()
+        held.release()
     return spark
 
 

@@ -1,0 +1,232 @@
+"""Why a Spark session did not start: one line naming the master or setting Spark refused and the
+fix, instead of Java's stack trace and "crashed".
+
+A bad --master or --conf stops Spark at one of three points, each with its own output:
+spark-submit's checks of its arguments (`--master bogus`: Java prints `Exception in thread
+"main"` and a stack trace, then PySpark says its Java gateway exited), the JVM's checks of its
+options (`spark.driver.memory=abc`: "Invalid maximum heap size: -Xmxabc"), and the SparkContext's
+or the SQL session's start inside the JVM (`local[abc]`, `spark.ui.enabled=maybe`: a Py4J error,
+and the trace Spark logs). The JVM writes to the stderr it inherits, out of this process's reach;
+JvmStderr gives it a pipe instead, copied to stderr, and holds what the JVM prints until the
+session is known to have started.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import select
+import sys
+import termios
+import threading
+import time
+
+GATEWAY_EXITED = ("JAVA_GATEWAY_EXITED", "Java gateway process exited")
+MASTERS = "local[*], local[N], spark://HOST:PORT, yarn or k8s://HOST:PORT"
+HOLD_S = 60.0  # a start that takes longer shows what its JVM has printed so far
+PIPE_BYTES = 1 << 20  # room for the JVM's lines while this process is busy elsewhere
+
+
+class SparkSettingError(ValueError):
+    """Spark refused the master or a setting it was given (bad input: exit 2)."""
+
+
+class SparkStartError(RuntimeError):
+    """Spark did not start, for a reason its error does not put on a setting (exit 3)."""
+
+
+class JavaOutput(Exception):
+    """What Spark's JVM printed as the session failed to start: the cause of the one line, shown
+    with --debug."""
+
+
+class JvmStderr:
+    """The stderr of the JVM started while this is held: a pipe whose lines go on to this
+    process's stderr, held back until `release` (the session started) or dropped by `discard`
+    (it did not, and the one line says why). Made before PySpark starts the JVM, which inherits
+    file descriptor 2; `restore` right after, whatever happened. Where no JVM started (PySpark
+    reused its gateway), the pipe closes at `restore` and the copying ends."""
+
+    def __init__(self):
+        self.held, self.mode = bytearray(), "hold"
+        self.lock = threading.Lock()
+        self.deadline = time.monotonic() + HOLD_S
+        self.read, write = os.pipe()
+        try:
+            fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except (AttributeError, OSError):  # not Linux, or a lower limit: 64 KiB still works
+            pass
+        self.out = os.dup(2)
+        sys.stderr.flush()
+        os.dup2(write, 2)  # inheritable: the JVM's stderr
+        os.close(write)
+        threading.Thread(target=self._copy, name="jvm-stderr", daemon=True).start()
+
+    def restore(self) -> str:
+        """This process's own stderr back; the JVM's output held so far (all it has written:
+        the pipe is read empty first)."""
+        os.dup2(self.out, 2)
+        for _ in range(200):  # the copying thread reads under the lock
+            with self.lock:
+                if self._unread() == 0:
+                    return self.held.decode(errors="replace")
+            time.sleep(0.01)
+        with self.lock:
+            return self.held.decode(errors="replace")
+
+    def release(self) -> None:
+        with self.lock:
+            self._pass()
+
+    def discard(self) -> None:
+        """Drop what was held and what this JVM prints from now on: its session did not start,
+        and its stopping prints more traces."""
+        with self.lock:
+            self.held.clear()
+            self.mode = "drop"
+
+    def _pass(self) -> None:
+        if self.mode == "hold":
+            self.mode = "pass"
+            self._write(bytes(self.held))
+            self.held.clear()
+
+    def _unread(self) -> int:
+        if self.read < 0:
+            return 0
+        try:
+            return int.from_bytes(fcntl.ioctl(self.read, termios.FIONREAD, b"\0" * 4),
+                                  sys.byteorder)
+        except OSError:
+            return 0
+
+    def _copy(self) -> None:
+        """Until the JVM exits: every byte read, so that the JVM never waits on a full pipe."""
+        poll = select.poll()  # not select.select: it fails on a descriptor above 1023
+        poll.register(self.read, select.POLLIN)
+        while True:
+            ready = poll.poll(500)
+            with self.lock:
+                if not ready:
+                    if time.monotonic() > self.deadline:
+                        self._pass()
+                    continue
+                chunk = os.read(self.read, 65536)
+                if not chunk:
+                    break
+                if self.mode == "hold":
+                    self.held += chunk
+                elif self.mode == "pass":
+                    self._write(chunk)
+        with self.lock:  # its number may be reused at once: _unread must not ask that file
+            os.close(self.read)
+            self.read = -1
+
+    def _write(self, data: bytes) -> None:
+        try:
+            while data:
+                data = data[os.write(self.out, data):]
+        except OSError:  # stderr closed: the lines have nowhere to go, the JVM goes on
+            self.mode = "drop"
+
+
+def failure(exc: BaseException, output: str, asked: dict,
+            master: str | None) -> Exception | None:
+    """What to raise for a session that did not start with `exc`, its JVM having printed
+    `output`: SparkSettingError where Spark's error names the master or one of the settings
+    `asked` ({name: value}), or is spark-submit's or Java's refusal of its arguments; else
+    SparkStartError with Spark's one-line reason. None where the error is not Spark's (ours,
+    or a JVM that exited saying nothing read here): it is raised as it is."""
+    if any(mark in str(exc) for mark in GATEWAY_EXITED):
+        found = launch_refusal(output)
+    else:
+        found = java_error(exc)
+    if found is None:
+        return None
+    reason, refused = found
+    named = named_setting(reason, f"{exc}\n{output}", asked, master)
+    if named:
+        error: Exception = SparkSettingError(f"Spark did not start: {named}")
+    else:
+        kind = SparkSettingError if refused else SparkStartError
+        error = kind(f"Spark did not start: {reason.rstrip('.')}; check --master and --conf")
+    error.__cause__ = JavaOutput(output.strip() or "(nothing)")
+    error.__cause__.__cause__ = exc
+    return error
+
+
+def launch_refusal(output: str) -> tuple[str, bool] | None:
+    """(Spark's reason, whether it refuses its arguments) for a JVM that exited before PySpark's
+    gateway started, from what it printed; None where it printed neither an exception nor
+    Java's refusal of its options."""
+    thrown = re.search(r'Exception in thread "main" (.+)', output)
+    if thrown:  # spark-submit's checks of its arguments throw from SparkSubmit(Arguments).error
+        refused = re.search(r"at org\.apache\.spark\.deploy\.SparkSubmit(Arguments)?\.error\(",
+                            output)
+        return plain(thrown.group(1)), refused is not None
+    if "Could not create the Java Virtual Machine" in output:
+        said = [line.strip() for line in output.splitlines() if line.strip()
+                and not line.startswith(("Error: ", "WARNING: "))]
+        return f"its JVM did not start: {said[0] if said else 'Java refused its options'}", True
+    return None
+
+
+def java_error(exc: BaseException) -> tuple[str, bool] | None:
+    """(the Java exception's one line, False) for an error the JVM raised through Py4J: its
+    deepest cause, else the one thrown; None for any other error."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if not names & {"Py4JJavaError", "CapturedException"}:
+        return None
+    thrown = java_exceptions(str(exc))
+    reason = thrown[-1] if thrown else str(exc).strip().split("\n")[0] or type(exc).__name__
+    return plain(reason), False
+
+
+def plain(thrown: str) -> str:
+    """A Java exception's line without the class name where it is only Spark's own exception
+    class (Java's, as ClassNotFoundException, say what went wrong); at most 300 characters."""
+    return re.sub(r"^org\.apache\.spark\.[\w.]*Exception: ", "", thrown.strip())[:300]
+
+
+def java_exceptions(text: str) -> list[str]:
+    """The Java exceptions in a Py4J error's text, each in one line (a message can have more):
+    the one thrown (Py4J's ": ..." line), then its causes."""
+    found: list[list[str]] = []
+    current = None
+    for line in text.splitlines():
+        if line.startswith((": ", "Caused by:")):
+            current = [line.removeprefix(": ").removeprefix("Caused by:").strip()]
+            found.append(current)
+        elif line.startswith(("\tat ", "\t...")) or not line.strip():
+            current = None
+        elif current is not None:
+            current.append(line.strip())
+    return [" ".join(lines) for lines in found]
+
+
+def named_setting(reason: str, text: str, asked: dict, master: str | None) -> str | None:
+    """What Spark refused and the fix, where its error says which: the master, a setting by its
+    name, the driver's memory by Java's option for it, or a value only one setting has."""
+    if "Master must either be" in reason or "Could not parse Master URL" in reason:
+        quoted = re.search(r"Master URL: '(.*)'", reason)
+        name = master or (quoted.group(1) if quoted else "")
+        return f"it refused the master {name!r} ({reason}); give --master {MASTERS}"
+    by_name = (re.search(r"(?P<key>spark\.[\w.\-]+) should be \w+, but was (?P<value>.*)", text)
+               or re.search(r"The value '(?P<value>.*?)' in the config \"(?P<key>spark\.[\w.\-]+)"
+                            r"\" is invalid\.(?: It should be .*? value\.)?", text))
+    if by_name:
+        return refused(by_name.group("key"), by_name.group("value").strip(), by_name.group(0))
+    heap = re.search(r"Invalid maximum heap size: -Xmx(\S+)", reason)
+    if heap and asked.get("spark.driver.memory") == heap.group(1):
+        return (f"spark.driver.memory={heap.group(1)} is not a size Java takes "
+                f"({heap.group(0)}); give a size such as 4g or 512m")
+    holders = [key for key, value in asked.items()
+               if not value.isdigit() and len(value) > 1
+               and re.search(rf"(?<![\w.\-/]){re.escape(value)}(?![\w.\-/])", reason)]
+    return refused(holders[0], asked[holders[0]], reason) if len(holders) == 1 else None
+
+
+def refused(key: str, value: str, said: str) -> str:
+    return (f"it refused {key}={value} ({said.rstrip('.')}); give {key} a value it takes, or "
+            "leave it out")

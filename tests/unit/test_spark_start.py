@@ -1,0 +1,83 @@
+"""hvd_ctsm.spark_start without Spark: which failed starts are put on a setting, and the hold on
+what a started process prints to stderr. The texts are what Spark 3.5 printed (the integration
+tests, tests/integration/test_spark_settings.py, start real Spark on both stacks)."""
+
+import subprocess
+import sys
+
+from hvd_ctsm.spark_start import JvmStderr, SparkSettingError, SparkStartError, failure
+
+EXITED = RuntimeError("[JAVA_GATEWAY_EXITED] Java gateway process exited before sending its port "
+                      "number.")
+
+
+def launch_output(thrown: str, frame: str = "org.apache.spark.util.Utils$.classForName") -> str:
+    return f'Exception in thread "main" {thrown}\n\tat {frame}(Utils.scala:94)\n'
+
+
+def test_an_error_of_ours_or_a_jvm_saying_nothing_known_is_not_put_on_spark():
+    """A bug in the start is still a crash with its own traceback; a JVM that exited saying
+    something else (no java) keeps get_spark's own line, Java's output shown."""
+    assert failure(TypeError("unsupported operand"), "", {}, "local[2]") is None
+    assert failure(EXITED, "/opt/jdk/bin/java: No such file or directory\n", {}, None) is None
+
+
+def test_spark_submits_refusal_is_bad_input_and_another_launch_error_a_crash():
+    refused = failure(EXITED, launch_output(
+        "org.apache.spark.SparkException: Executor memory must be a positive number",
+        "org.apache.spark.deploy.SparkSubmitArguments.error"), {}, "local[2]")
+    assert isinstance(refused, SparkSettingError) and str(refused) == (
+        "Spark did not start: Executor memory must be a positive number; check --master and "
+        "--conf")
+    crashed = failure(EXITED, launch_output("java.lang.NoClassDefFoundError: org/slf4j/Logger"),
+                      {}, "local[2]")
+    assert isinstance(crashed, SparkStartError) and str(crashed) == (
+        "Spark did not start: java.lang.NoClassDefFoundError: org/slf4j/Logger; check --master "
+        "and --conf")
+    assert "NoClassDefFoundError" in str(crashed.__cause__)  # Java's output, for --debug
+
+
+def test_a_value_is_put_on_the_one_setting_that_has_it_only():
+    output = launch_output("java.lang.ClassNotFoundException: com.example.Ser")
+    one = failure(EXITED, output, {"spark.serializer": "com.example.Ser"}, None)
+    assert isinstance(one, SparkSettingError) and str(one) == (
+        "Spark did not start: it refused spark.serializer=com.example.Ser (java.lang."
+        "ClassNotFoundException: com.example.Ser); give spark.serializer a value it takes, or "
+        "leave it out")
+    two = failure(EXITED, output, {"spark.serializer": "com.example.Ser",
+                                   "spark.kryo.registrator": "com.example.Ser"}, None)
+    assert isinstance(two, SparkStartError) and "refused" not in str(two)
+
+
+def test_a_heap_size_is_put_on_the_driver_memory_only_where_it_is_that_setting():
+    output = ("Invalid maximum heap size: -Xmxabc\nError: Could not create the Java Virtual "
+              "Machine.\nError: A fatal exception has occurred. Program will exit.\n")
+    asked = failure(EXITED, output, {"spark.driver.memory": "abc"}, None)
+    assert str(asked).startswith("Spark did not start: spark.driver.memory=abc is not a size")
+    elsewhere = failure(EXITED, output, {}, None)  # SPARK_DRIVER_MEMORY, spark-defaults.conf
+    assert isinstance(elsewhere, SparkSettingError) and str(elsewhere) == (
+        "Spark did not start: its JVM did not start: Invalid maximum heap size: -Xmxabc; check "
+        "--master and --conf")
+
+
+def started_process_writes(text: str) -> None:
+    subprocess.run([sys.executable, "-c", f"import sys; sys.stderr.write({text!r})"],
+                   check=True)
+
+
+def test_what_a_process_started_in_the_hold_prints_waits_for_its_start(capfd):
+    held = JvmStderr()
+    started_process_writes("a warning\n")
+    assert held.restore() == "a warning\n"
+    assert capfd.readouterr().err == ""
+    held.release()
+    started_process_writes("and on\n")  # after restore: this process's own stderr
+    assert capfd.readouterr().err == "a warning\nand on\n"
+
+
+def test_a_failed_starts_output_is_dropped(capfd):
+    held = JvmStderr()
+    started_process_writes("Exception in thread \"main\" ...\n\tat ...\n")
+    assert held.restore().startswith("Exception in thread")
+    held.discard()
+    assert capfd.readouterr().err == ""
