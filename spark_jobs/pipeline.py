@@ -73,6 +73,7 @@ class PipelineConfig:
         from hvd_ctsm.files.outputs import check_not_inside_a_whole
 
         check_not_inside_a_whole(work / "features")  # --work a dataset, or a folder inside one
+        check_work(work)
         if self.num_proc < 1:
             raise ValueError(f"num_proc must be >= 1, got {self.num_proc}")
         if self.row_groups < self.num_proc:
@@ -96,6 +97,41 @@ class PipelineConfig:
             source=self.source, out=str(out), split=self.split, cutoffs=self.cutoffs,
             max_len=self.max_len, row_groups=self.row_groups, overwrite=True,
             previous_vocab=str(previous_vocab) if previous_vocab else None)
+
+
+# What a run writes in WORK (the tracking store, tracking.link.STORE_FOLDER, included) and the
+# temporary siblings of those entries that its atomic writes and stages make.
+WORK_ENTRIES = ("features", "model", "backtest.json", "pipeline.json", "mlflow")
+
+
+def check_work(work: Path) -> None:
+    """--work is new, empty or a pipeline's own work folder: before, a folder of the user's
+    files got features/, model/ and the reports written beside them. A work folder from before
+    they were marked holds pipeline.json and nothing but what a run writes: it is taken."""
+    from hvd_ctsm.files import outputs
+
+    if work.exists() and not work.is_dir():
+        raise ValueError(f"--work {work} is a file, not a folder; pick a folder (a new one, or "
+                         "one the pipeline made)")
+    outputs.check_not_inside_a_whole(work)
+    record = outputs.marker(work)
+    if record is not None and record.get("kind") != "pipeline":
+        raise outputs.UnsafeOutputError(
+            f"refusing to write to {work}: it holds hvd_ctsm {record.get('kind')} output, not a "
+            "pipeline's work folder; pick another --work")
+    if record is None and not outputs.is_empty(work) and not _earlier_work(work):
+        raise outputs.UnsafeOutputError(
+            f"refusing to write to {work}: it holds files the pipeline did not write (no "
+            f"{outputs.MARKER} in it); pick a new folder for --work, or one the pipeline made")
+
+
+def _earlier_work(work: Path) -> bool:
+    """An unmarked work folder that only a pipeline run wrote (see check_work)."""
+    def own(name: str) -> bool:
+        return name in WORK_ENTRIES or any(name.startswith(f".{e}.") for e in WORK_ENTRIES)
+
+    names = [p.name for p in work.iterdir()]
+    return "pipeline.json" in names and all(own(n) for n in names)
 
 
 class StepFailed(RuntimeError):
@@ -153,13 +189,14 @@ def _backtest(data: Path, model: Path, report: Path, gate: str) -> bool:
 def run_pipeline(spark, cfg: PipelineConfig) -> int:
     """Run every step in `spark`'s application; returns the exit code (see the module doc)."""
     from hvd_ctsm.config import load_config
+    from hvd_ctsm.files import outputs
     from hvd_ctsm.serving import deploy
     from hvd_ctsm.train.launch import LaunchOptions
     from hvd_ctsm.train.spark_train import train_on_spark
 
     work = Path(cfg.work)
     data, model, report = work / "features", work / "model", work / "backtest.json"
-    work.mkdir(parents=True, exist_ok=True)
+    outputs.claim(work, "pipeline")  # a later run may reuse it (check_work)
     deployed = deploy.current(cfg.registry)
     if cfg.warm_start and not deployed:
         print(f"[pipeline] --warm-start: {cfg.registry} has no deployed model yet: training "

@@ -25,7 +25,7 @@ from pathlib import Path
 from hvd_ctsm.files import storage
 
 MARKER = ".hvd_ctsm-output.json"
-KINDS = ("features", "run", "scores", "predictions", "registry")
+KINDS = ("features", "run", "scores", "predictions", "registry", "pipeline")
 STALE_ELSEWHERE_S = 24 * 3600  # a temp folder of another host's job is stale after a day
 
 

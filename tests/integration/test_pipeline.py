@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hvd_ctsm.files import outputs
 from hvd_ctsm.serving import deploy
 from tests.conftest import REPO, TINY_SOURCE
 
@@ -29,30 +30,32 @@ def submit(work, registry, gate, *extra):
 
 
 def test_pipeline_deploys_then_a_refusing_gate_deploys_nothing(tmp_path):
-    registry = tmp_path / "registry"
-    first = submit(tmp_path / "run1", registry, "sampled.hr@10>=0.05")
+    registry, work = tmp_path / "registry", tmp_path / "work"
+    first = submit(work, registry, "sampled.hr@10>=0.05")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert outputs.marker(work)["kind"] == "pipeline"  # the second run may reuse it
     version = deploy.current(registry)
     assert version is not None and version.name == "v0001"
     assert (version / "model.pt").exists() and (version / "vocab.json").exists()
-    record = json.loads((tmp_path / "run1" / "pipeline.json").read_text())
+    record = json.loads((work / "pipeline.json").read_text())
     assert [s["step"] for s in record["steps"]] == ["features", "train", "backtest", "deploy"]
     assert all(s["outcome"] == "ok" for s in record["steps"])
 
-    # The retrain extends the deployed vocabulary, warm-starts from the deployed model, splits
-    # by time, and an impossible gate stops it: non-zero exit, the registry unchanged.
-    second = submit(tmp_path / "run2", registry, "ndcg@10>=1.01", "--warm-start",
+    # The retrain, in the same work folder, extends the deployed vocabulary, warm-starts from
+    # the deployed model, splits by time, and an impossible gate stops it: non-zero exit, the
+    # registry unchanged.
+    second = submit(work, registry, "ndcg@10>=1.01", "--warm-start",
                     "--split", "time", "--cutoffs", "2021-07-01,2021-10-01")
     assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]
     assert deploy.current(registry) == version and len(list(registry.glob("v*"))) == 1
-    meta = json.loads((tmp_path / "run2" / "features" / "metadata.json").read_text())
+    meta = json.loads((work / "features" / "metadata.json").read_text())
     assert meta["previous_vocab"] == str(version / "vocab.json")
     assert meta["split"] == {"kind": "time", "cutoffs": [1625097600, 1633046400]}
     old_items = json.loads((version / "vocab.json").read_text())["items"]
-    new_items = json.loads((tmp_path / "run2" / "features" / "vocab.json").read_text())["items"]
+    new_items = json.loads((work / "features" / "vocab.json").read_text())["items"]
     assert new_items[:len(old_items)] == old_items
     assert "warm start from" in second.stdout + second.stderr
-    report = json.loads((tmp_path / "run2" / "backtest.json").read_text())
+    report = json.loads((work / "backtest.json").read_text())
     assert report["gate"]["passed"] is False
 
 

@@ -158,6 +158,42 @@ def test_the_spark_pipeline_refuses_a_registry_or_work_folder_it_may_not_write_f
     assert [p.name for p in (tmp_path / "feat").iterdir()] == [outputs.MARKER]
 
 
+def test_the_spark_pipeline_refuses_a_work_folder_of_the_users_own_files(tmp_path, capsys):
+    """Before, --work a folder of the user's files ran every step and wrote features/, model/
+    and the reports beside them; train --out and features --out refuse such a folder."""
+    from hvd_ctsm.errors import run_cli
+    from hvd_ctsm.files import outputs
+    from spark_jobs import pipeline
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's notes")
+    args = ["--source", "synthetic:clients=10", "--work", str(mine),
+            "--registry", str(tmp_path / "registry")]
+    assert run_cli(pipeline.main, "hvd-ctsm pipeline", args) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "it holds files the pipeline did not write" in err and len(err.splitlines()) == 1, err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    with pytest.raises(ValueError, match="is a file, not a folder"):  # mkdir failed after Spark
+        pipeline.check_work(mine / "notes.txt")
+    # A work folder a run made is taken again: marked (a run marks it), or from before marks
+    # (what a run writes and nothing else); the user's file beside it is not ours.
+    earlier = tmp_path / "earlier"
+    for name in ("features", "model", "mlflow", ".features.tmp-1a2b3c4d"):
+        (earlier / name).mkdir(parents=True)
+    for name in ("pipeline.json", "backtest.json", ".pipeline.json.x1y2.tmp"):
+        (earlier / name).write_text("{}")
+    pipeline.check_work(earlier)
+    (earlier / "notes.txt").write_text("a user's notes")
+    with pytest.raises(outputs.UnsafeOutputError, match="files the pipeline did not write"):
+        pipeline.check_work(earlier)
+    outputs.mark(earlier, "pipeline")
+    pipeline.check_work(earlier)
+    outputs.mark(earlier, "run")  # another program's output: not a work folder
+    with pytest.raises(outputs.UnsafeOutputError, match="holds hvd_ctsm run output"):
+        pipeline.check_work(earlier)
+
+
 def test_print_config_prints_the_resolved_config_and_starts_nothing(tmp_path, capsys):
     import yaml
 
