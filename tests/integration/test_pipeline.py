@@ -31,8 +31,12 @@ def submit(work, registry, gate, *extra):
 
 def test_pipeline_deploys_then_a_refusing_gate_deploys_nothing(tmp_path):
     registry, work = tmp_path / "registry", tmp_path / "work"
-    first = submit(work, registry, "sampled.hr@10>=0.05")
+    # --warm-start with nothing deployed yet says so and trains from scratch
+    first = submit(work, registry, "sampled.hr@10>=0.05", "--warm-start")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert f"--warm-start: {registry} has no deployed model yet: training from scratch" in \
+        first.stdout, first.stdout[-3000:]
+    assert "warm start from" not in first.stdout + first.stderr
     assert outputs.marker(work)["kind"] == "pipeline"  # the second run may reuse it
     version = deploy.current(registry)
     assert version is not None and version.name == "v0001"
