@@ -31,10 +31,11 @@ from pyspark.errors import AnalysisException
 from hvd_ctsm.data.arrow_reader import spark_rows
 from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.errors import BAD_INPUT_ERRORS, EXIT_BAD_INPUT, EXIT_CRASH, one_line, run_cli
-from hvd_ctsm.files import outputs
+from hvd_ctsm.files import outputs, storage
 from hvd_ctsm.model.checkpoint import load_state
-from hvd_ctsm.serving.score import (ScoringError, excluded_items, model_inputs, model_source,
-                                    say_scored, scoring_parser, scoring_split, vocab_items)
+from hvd_ctsm.serving.score import (ScoringError, check_model_option, excluded_items, model_inputs,
+                                    model_source, say_scored, scoring_parser, scoring_split,
+                                    vocab_items)
 from spark_jobs.session import ExecutorPythonError, check_executors, get_spark, job_settings
 
 TABLE = "table:"  # --out table:NAME: a table of the session's catalog
@@ -68,6 +69,7 @@ def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str |
     (which names the split scored)."""
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
+    check_options(model, out)
     t0 = time.time()
     dataset = Dataset.open(data)
     exclude = excluded_items(split)
@@ -75,6 +77,14 @@ def score_topk(spark, data: str, model: str, out: str, k: int = 10, split: str |
     with model_source(model, data, tracking_uri) as path:
         summary = _score_model(spark, dataset, model, path, out, k, (split, exclude), overwrite)
     return summary | {"split": split, "out": str(out), "seconds": round(time.time() - t0, 2)}
+
+
+def check_options(model: str, out: str) -> None:
+    """The model and a folder --out are local (a models:/ model aside): a URL --out was built
+    as a local folder named `s3:`, a URL model was found missing after Spark had started."""
+    check_model_option(model)
+    if not out.startswith(TABLE):
+        storage.check_local(out, "--out", "table:NAME")
 
 
 def _score_model(spark, dataset, model: str, path: Path, out: str, k: int,
@@ -170,6 +180,7 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     args = p.parse_args(argv)
+    check_options(args.model, args.out)  # before Spark starts
     spark = get_spark(master=args.master, app_name="hvd_ctsm-score")
     try:
         summary = score_topk(spark, args.data, args.model, args.out, args.k, args.split,

@@ -137,15 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", type=location, required=True, help="where the JSON report goes")
     p.add_argument("--split", default="test", choices=EVALUATED_SPLITS)
     p.add_argument("--gate", default="", help=gate.GATE_HELP)
-    p.add_argument("--champion", help=gate.CHAMPION_HELP)
+    p.add_argument("--champion", type=location, help=gate.CHAMPION_HELP)
     p.add_argument("--tolerance", type=float, default=0.005, help=gate.TOLERANCE_HELP)
     p.add_argument("--seed", type=seed, default=0, help="seed of the sampled negatives (>= 0)")
-    p.add_argument("--baseline", help="another run (e.g. trained with --config sasrec) to "
-                                      "report beside the model on the same targets")
+    p.add_argument("--baseline", type=location,
+                   help="another run (e.g. trained with --config sasrec) to report beside the "
+                        "model on the same targets")
     args = p.parse_args(argv)
     for option in ("model", "report", "baseline"):  # the data alone may be at a URL
         if getattr(args, option):
             check_local(getattr(args, option), f"--{option}")
+    champion.check_ref(args.champion)
     # A bad tolerance, gate, champion or --report fails first, before the backtest's work.
     gate.check_tolerance(args.tolerance)
     rules = gate.parse_gate(args.gate)

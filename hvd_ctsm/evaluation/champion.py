@@ -27,6 +27,7 @@ from pathlib import Path
 
 from hvd_ctsm import tracking
 from hvd_ctsm.data.dataset_meta import metadata_sha256
+from hvd_ctsm.files import storage
 from hvd_ctsm.model.checkpoint import model_file, model_sha256
 
 TAKES = ("--champion takes a registry folder (its current version), a version folder "
@@ -132,11 +133,19 @@ def read_report(path: Path, ref: str) -> dict:
     return report
 
 
+def check_ref(ref: str | None) -> None:
+    """--champion takes local paths and models:/ URIs; another URL was taken as a path and
+    said "s3:/b/reg not found" (its // folded)."""
+    if ref and not tracking.is_model_uri(ref):
+        storage.check_local(ref, "--champion", "models:/NAME@ALIAS")
+
+
 def load(ref: str | None, model_path: str | Path, scratch: str | Path) -> Champion | None:
     """The champion --champion names; a models:/ version is downloaded into `scratch`, which
     must outlive its use (the backtest may evaluate its model)."""
     if not ref:
         return None
+    check_ref(ref)
     if ref.startswith("models:/"):
         folder = tracking.champion_version(ref, model_file(model_path).parent, Path(scratch))
         if folder is None:

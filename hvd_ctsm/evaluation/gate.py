@@ -181,13 +181,14 @@ def main(argv: list[str] | None = None) -> int:
                         "replacing the one before, and deploy obeys it (a report in a model "
                         "registry is refused: a version never changes after deploy)")
     p.add_argument("--gate", default="", help=f"{GATE_HELP} (may be left out with --champion)")
-    p.add_argument("--champion", help=CHAMPION_HELP)
+    p.add_argument("--champion", type=location, help=CHAMPION_HELP)
     p.add_argument("--tolerance", type=float, default=0.005, help=TOLERANCE_HELP)
     args = p.parse_args(argv)
     try:
         check_tolerance(args.tolerance)
         rules = parse_gate(args.gate)
         check_report_place(args.report)
+        champion.check_ref(args.champion)
         report = read_report(args.report)
         theirs = read_champion(args.champion, report, args.report)
         if not rules and theirs is None:

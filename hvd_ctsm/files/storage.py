@@ -55,14 +55,16 @@ def location(text: str) -> str:
     return path if path.startswith("/Volumes/") or path == "/Volumes" else "/dbfs" + path
 
 
-def check_local(location: str | Path, option: str) -> None:
+def check_local(location: str | Path, option: str, also: str = "") -> None:
     """Refuse a URL for an option that takes local paths only (the registry, run folders,
     reports, models): a plain path's route would have made a folder named `s3:` here and written
-    into it, saying it wrote to the URL."""
+    into it, saying it wrote to the URL. `also` names a URI form the option takes besides (the
+    caller lets it through first), e.g. models:/NAME@ALIAS."""
     if is_remote(location):
+        besides = f" or {also}" if also else ""
         raise StorageError(f"{option} takes a local path (or a mounted one such as /dbfs/... or "
-                           f"/Volumes/...), not the URL {location}: pass one (copy the files "
-                           "between it and the URL yourself)")
+                           f"/Volumes/...){besides}, not the URL {location}: pass one (copy the "
+                           "files between it and the URL yourself)")
 
 
 def join(location: str | Path, *parts: str) -> str:

@@ -95,6 +95,15 @@ def model_source(model: str | Path, data: str | Path, tracking_uri: str = ""):
         yield resolve_model(version)
 
 
+def check_model_option(model: str | Path, option: str = "--model") -> None:
+    """A model option takes a local path or a models:/ URI (model_source); any other URL is
+    refused before any work: it was taken as a path and found missing ("no model at s3://..."),
+    after the dataset was opened (and, on Spark, the application started)."""
+    from hvd_ctsm import tracking
+    if not tracking.is_model_uri(model):
+        storage.check_local(model, option, "models:/NAME@ALIAS")
+
+
 def model_inputs(data: str | Path, model: str | Path) -> tuple:
     """The command's inputs that an output must not overlap (a models:/ URI is no path)."""
     from hvd_ctsm import tracking
@@ -200,6 +209,7 @@ def score_dataset(data: str | Path, model_path: str | Path, out: str | Path, k: 
 
     if k < 1:
         raise ScoringError(f"k must be >= 1, got {k}")
+    check_model_option(model_path)
     t0 = time.perf_counter()
     check_score_file(out, model_inputs(data, model_path))
     dataset = Dataset.open(data)

@@ -121,6 +121,14 @@ def test_every_command_takes_a_volume_uri_as_its_local_path(tmp_path, capsys):
      "--init-from"),
     (["pipeline", "--source", "synthetic:clients=10", "--work", "w", "--registry", "s3://b/r",
       "--gate", "mrr>0"], "--registry"),
+    # A model option: a URL was taken as a path, said missing after the data was opened (and
+    # Spark started), or "s3:/b/reg not found" for --champion
+    (["score", "--data", "features", "--model", "s3://b/reg", "--out", "s.parquet"], "--model"),
+    (["backtest", "--data", "features", "--model", "run", "--report", "r.json", "--champion",
+      "s3://b/reg"], "--champion"),
+    (["backtest", "--data", "features", "--model", "run", "--report", "r.json", "--baseline",
+      "abfss://c@a.dfs.core.windows.net/run"], "--baseline"),
+    (["gate", "--report", "r.json", "--champion", "gs://b/reg"], "--champion"),
 ])
 def test_an_option_for_local_paths_refuses_a_url_in_one_line(argv, option, tmp_path, capsys,
                                                              monkeypatch):
@@ -135,3 +143,39 @@ def test_an_option_for_local_paths_refuses_a_url_in_one_line(argv, option, tmp_p
     assert code == 2 and err.count("\n") == 1, err
     assert option in err and "takes a local path" in err and "://" in err, err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("model, out, option", [
+    ("s3://b/reg", "scores", "--model"), ("reg", "s3://b/scores", "--out")])
+def test_the_spark_scorer_refuses_a_url_model_or_folder_before_spark(model, out, option,
+                                                                     tmp_path, capsys,
+                                                                     monkeypatch):
+    """--out s3://... was built as a local folder named `s3:` (the docs said it was refused);
+    a URL --model was found missing after Spark had started."""
+    from hvd_ctsm.errors import run_cli
+    from spark_jobs import score_topk
+
+    monkeypatch.chdir(tmp_path)
+    code = run_cli(score_topk.main, "score_topk", ["--data", "features", "--model", model,
+                                                   "--out", out])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert option in err and "takes a local path" in err and "://" in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_model_option_still_takes_models_uris_and_volume_paths(tmp_path):
+    """The up-front check lets through what the options take besides a local path."""
+    from hvd_ctsm.evaluation import backtest, champion
+    from hvd_ctsm.serving.score import check_model_option
+    from spark_jobs.score_topk import check_options
+
+    check_model_option("models:/ctsm@champion")
+    champion.check_ref("models:/ctsm@champion")
+    check_options("models:/ctsm/3", "table:main.recsys.scores")
+    # --champion and --baseline map dbfs:/Volumes/... to the mounted path, as every option
+    # naming a model does (they were refused as URLs)
+    with pytest.raises(FileNotFoundError, match="/Volumes/main/recsys/nowhere/reg"):
+        backtest.main(["--data", str(tmp_path / "features"), "--model", str(tmp_path / "run"),
+                       "--report", str(tmp_path / "r.json"), "--champion",
+                       "dbfs:/Volumes/main/recsys/nowhere/reg"])
