@@ -4,7 +4,8 @@ A checkpoint is one dict (model, optimizer, scheduler, step, epoch, data positio
 vocabulary hash) saved as `step-000000123.pt` with a `.sha256` beside it. Writes go to a temporary
 file that is fsynced and renamed into place, so a reader sees either the old set or the new one.
 Loading verifies the checksum and uses `torch.load(weights_only=True)`; a damaged latest checkpoint
-falls back to the previous good one with a warning, and a folder of damaged ones only is refused.
+falls back to the previous good one with a warning (the damaged one is kept as NAME.damaged), and
+a folder of damaged ones only is refused.
 """
 
 from __future__ import annotations
@@ -144,6 +145,26 @@ class CheckpointManager:
             Path(f"{self.path_for(old)}.sha256").unlink(missing_ok=True)
         return path
 
+    def set_aside(self, path: Path) -> None:
+        """Rename a damaged step checkpoint (and its checksum) to NAME.damaged, no longer one of
+        the run's steps. Left under its name, it counted among the `keep` newest by its step
+        number: the resumed run's own checkpoints (lower numbers) were pruned in its favour, with
+        keep=1 each as it was written, and a save at its step replaced it without a word."""
+        aside = path.with_name(f"{path.name}.damaged")
+        for n in range(1, 1000):  # never over one set aside before
+            if not aside.exists():
+                break
+            aside = path.with_name(f"{path.name}.damaged-{n}")
+        try:
+            os.replace(path, aside)
+            if Path(f"{path}.sha256").exists():
+                os.replace(f"{path}.sha256", f"{aside}.sha256")
+        except OSError as exc:  # a read-only folder: the resume goes on, as it did before
+            log.warning("could not set %s aside (%s): it stays, counted as a step", path, exc)
+            return
+        log.warning("kept damaged checkpoint %s as %s (no longer one of the run's checkpoints)",
+                    path.name, aside.name)
+
     def _copy_atomic(self, src: Path, dst: Path) -> None:
         tmp = dst.with_name(f".{dst.name}.tmp")
         shutil.copyfile(src, tmp)
@@ -155,17 +176,24 @@ class CheckpointManager:
 
     def load_latest(self) -> dict | None:
         """The newest checkpoint that loads, best.pt (a copy of an earlier step's) last; each
-        damaged one is skipped with a warning and left in place for a look. None when the
-        folder holds no checkpoint; when every one is damaged, a CheckpointError: a resume
-        that silently started over would throw the run's training away."""
+        damaged one is skipped with a warning. Once one loads, the damaged ones (all newer)
+        are renamed aside (set_aside), kept for a look. None when the folder holds no
+        checkpoint; when every one is damaged, a CheckpointError and every file stays as it
+        is: a resume that silently started over would throw the run's training away."""
         candidates = [self.path_for(step) for step in reversed(self.steps())]
         candidates += [best] if (best := self.folder / "best.pt").exists() else []
+        damaged = []
         for path in candidates:
             try:
-                return load_state(path)
+                state = load_state(path)
             except (CheckpointError, OSError) as exc:
-                log.warning("skipping damaged checkpoint %s (left in place): %s", path,
+                log.warning("skipping damaged checkpoint %s: %s", path,
                             str(exc).removeprefix(f"{path}: "))
+                damaged.append(path)
+                continue
+            for bad in damaged:
+                self.set_aside(bad)
+            return state
         if candidates:
             raise CheckpointError(
                 f"no checkpoint in {self.folder} loads ({', '.join(p.name for p in candidates)}: "

@@ -77,7 +77,8 @@ def test_sigkill_mid_epoch_then_resume_is_bitwise_equal_np1(tiny_features, tmp_p
     marker = tmp_path / "code-ran"
     save_state(ckpt / "step-000000999.pt", {"model": RunsCode(marker)})
     log, _ = resume(tiny_features, damaged, 1, tmp_path)
-    assert "step-000000999.pt (left in place): cannot be loaded" in log
+    assert "step-000000999.pt: cannot be loaded" in log
+    assert "kept damaged checkpoint step-000000999.pt as step-000000999.pt.damaged" in log
     assert "Weights only load failed" in log
     assert not marker.exists(), "loading a checkpoint ran code"
     assert f"skipping damaged checkpoint {newest}" in log and "truncated or corrupted" in log

@@ -42,15 +42,41 @@ def test_a_folder_of_damaged_checkpoints_is_refused_not_started_over(tmp_path, c
         manager.save({"step": step}, step, is_best=step == 1)
     for step in (1, 2):
         manager.path_for(step).write_bytes(b"damaged")
-    assert manager.load_latest()["step"] == 1
-    assert "step-000000002.pt (left in place): checksum mismatch" in caplog.text
     (tmp_path / "best.pt").write_bytes(b"damaged")
     with pytest.raises(checkpoint.CheckpointError,
                        match="no checkpoint in .* loads .*step-000000002.pt, .*best.pt"):
         manager.load_latest()
+    assert "step-000000002.pt: checksum mismatch" in caplog.text
     assert [p.name for p in sorted(tmp_path.glob("*.pt"))] == [
         "best.pt", "step-000000001.pt", "step-000000002.pt"]
     assert CheckpointManager(tmp_path / "none", keep=3).load_latest() is None
+
+
+def test_damaged_checkpoints_are_set_aside_not_counted_among_those_kept(tmp_path, caplog):
+    """Resumed from an older checkpoint, the damaged newer ones counted among the `keep` newest
+    by their step numbers: with keep=2 the step resumed from was pruned at the next save, with
+    keep=1 each new checkpoint as it was written, and a save at a damaged one's step replaced
+    it. They are kept, renamed, and no longer counted."""
+    manager = CheckpointManager(tmp_path, keep=1)
+    manager.save({"step": 10}, 10, is_best=True)
+    for step in (20, 30):  # written by the run, then damaged (the manager's keep is 1)
+        save_state(manager.path_for(step), {"step": step})
+        manager.path_for(step).write_bytes(b"damaged")
+    assert manager.load_latest()["step"] == 10
+    assert "kept damaged checkpoint step-000000030.pt as step-000000030.pt.damaged" in caplog.text
+    manager.save({"step": 11}, 11)  # the resumed run's next checkpoint
+    assert manager.steps() == [11] and manager.load_latest()["step"] == 11
+    manager.save({"step": 20}, 20)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "best.pt", "best.pt.sha256", "step-000000020.pt", "step-000000020.pt.damaged",
+        "step-000000020.pt.damaged.sha256", "step-000000020.pt.sha256",
+        "step-000000030.pt.damaged", "step-000000030.pt.damaged.sha256"]
+    assert (tmp_path / "step-000000030.pt.damaged").read_bytes() == b"damaged"
+    # Damaged again at that step and resumed from best.pt: the earlier copy is not replaced
+    manager.path_for(20).write_bytes(b"damaged again")
+    assert manager.load_latest()["step"] == 10 and manager.steps() == []
+    assert (tmp_path / "step-000000020.pt.damaged").read_bytes() == b"damaged"
+    assert (tmp_path / "step-000000020.pt.damaged-1").read_bytes() == b"damaged again"
 
 
 def dies_at(call: int, real):
