@@ -4,6 +4,13 @@ Spark reads a folder of CSV files by position: the first file's header names the
 every file, and each other header is skipped unread. A file whose columns stand in another order
 (`item_id,client_id,...`) would have its ids swapped without a word, so every header is compared
 first (the first record of each file only, read as RFC 4180 as the job reads it).
+
+Line endings: Spark's multi-line CSV reader ends every record of a file with the line ending of
+its first line. In a file that mixes CRLF and LF records (files joined together, an editor that
+saved part of one) a CRLF after LF ones left its CR at the end of the last column (item 'x\r'
+beside 'x', an ISO timestamp rejected), and an LF after CRLF ones joined two records into one
+(the second one's fields dropped), without a word. Such a file is read with LF as the line
+ending and the CR before it dropped (`line_options`); any other file is read as before.
 """
 
 from __future__ import annotations
@@ -21,9 +28,50 @@ def header(path: Path) -> list[str]:
         return next(csv.reader(f), [])
 
 
+CRLF, LF, CR = b"\r\n", b"\n", b"\r"
+CHUNK = 1 << 20
+
+
+def csv_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob(PATTERN) if p.is_file())
+
+
+def record_endings(path: Path) -> set[bytes]:
+    """The line endings (CRLF, LF, CR) that end records of `path`: those outside quoted fields,
+    where a line break is data (an Excel cell's LF in a CRLF file). Read until both CRLF and LF
+    are seen, else to the end."""
+    found: set[bytes] = set()
+    inside = False  # within a quoted field; a doubled quote toggles twice
+    with path.open("rb") as f:
+        while not {CRLF, LF} <= found and (chunk := f.read(CHUNK)):
+            if chunk.endswith(CR):  # never split a CRLF between two chunks
+                chunk += f.read(1)
+            for n, part in enumerate(chunk.split(b'"')):
+                inside = inside != (n > 0)
+                if not inside:
+                    found |= _endings(part)
+    return found
+
+
+def _endings(text: bytes) -> set[bytes]:
+    crlf = text.count(CRLF)
+    counts = {CRLF: crlf, LF: text.count(LF) - crlf, CR: text.count(CR) - crlf}
+    return {ending for ending, count in counts.items() if count}
+
+
+def line_options(files: list[Path]) -> dict:
+    """spark.read.csv options for reading `files`: none (Spark's own line ending per file, as
+    always) unless a file mixes CRLF and LF records; then LF ends a line and the CR before it
+    goes with the trailing white space Spark drops from an unquoted field (a trailing space or
+    tab of an unquoted field goes too: ids are trimmed of spaces anyway)."""
+    if any({CRLF, LF} <= record_endings(path) for path in files):
+        return {"lineSep": "\n", "ignoreTrailingWhiteSpace": True}
+    return {}
+
+
 def check_same_headers(folder: Path) -> None:
     """SchemaError naming two files whose headers differ (their columns or their order)."""
-    files = sorted(p for p in folder.rglob(PATTERN) if p.is_file())
+    files = csv_files(folder)
     if not files:
         return
     first = header(files[0])

@@ -146,6 +146,7 @@ def read_table(spark, path: str) -> DataFrame:
     CSV is read as RFC 4180 records: a quoted field may hold separators and line breaks, and
     a doubled quote inside one is a quote (Spark's defaults split such records into several
     rows and keep backslash escapes instead)."""
+    files = []  # the local CSV files (at a URL they are not read here: as Spark reads them)
     if storage.is_remote(path):
         location, suffix, csv_inside = path, Path(path).suffix.lower(), _remote_csv_inside(spark,
                                                                                           path)
@@ -157,6 +158,7 @@ def read_table(spark, path: str) -> DataFrame:
         csv_inside = p.is_dir() and any(p.glob(csv_files.PATTERN))
         if csv_inside:
             csv_files.check_same_headers(p)
+        files = csv_files.csv_files(p) if p.is_dir() else [p]
     if suffix in (".csv", ".tsv") or csv_inside:
         only_csv = {"pathGlobFilter": csv_files.PATTERN} if csv_inside else {}
         return spark.read.csv(
@@ -168,6 +170,7 @@ def read_table(spark, path: str) -> DataFrame:
             quote='"',
             escape='"',
             **only_csv,
+            **csv_files.line_options(files),
         )
     if not storage.is_remote(path):  # one line here, not Spark's trace mid-job
         check_same_types(Path(location), "Parquet input")

@@ -145,6 +145,32 @@ def test_a_csv_folder_reads_only_its_csv_files_and_refuses_headers_in_another_or
         read_table(spark, str(tmp_path))
 
 
+def test_a_csv_file_mixing_crlf_and_lf_lines_reads_as_one_with_either(spark, tmp_path):
+    """Spark ended every record of a file with its first line's ending: after LF lines a CRLF
+    line's last field kept its CR (item 'i2\r' beside 'i2', an ISO timestamp rejected), and
+    after CRLF lines an LF line was joined to the next record, whose fields were dropped. A
+    quoted cell's line break stays data."""
+    from spark_jobs import validate
+    from spark_jobs.sources import read_table
+
+    head = "client_id,event_type,value,timestamp,item_id"  # the CR stayed in the last field
+    records = [("c1", "purchase", None, "2020-01-01", "i1"),
+               ("c1", "purchase", None, "2020-01-02T08:00:00", "i2"),
+               ("c2", "rating", "4", "2020-01-03", '"two\nlines"'),
+               ("c2", "purchase", None, "2020-01-04", "i2")]
+    lines = [head, *(",".join(v or "" for v in r) for r in records)]
+    expected = sorted(r[:4] + (r[4].strip('"'),) for r in records)
+    for first, then in (("\n", "\r\n"), ("\r\n", "\n")):
+        path = tmp_path / f"events-{len(first)}.csv"
+        path.write_bytes("".join(line + (first, then)[n % 2]
+                                 for n, line in enumerate(lines)).encode())
+        raw = read_table(spark, str(path))
+        assert raw.columns == head.split(",")
+        assert sorted(tuple(r) for r in raw.collect()) == expected, repr(first)
+        counts = validate.accounting(validate.count_copies(validate.flag_invalid(raw, 2 ** 40)))
+        assert counts["used"] == 4 and not sum(counts["rejected"].values()), counts
+
+
 def test_a_dataset_folder_named_with_a_space_and_a_comma(spark, tmp_path, monkeypatch):
     """--out 'runs/my out' crashed (classic: 'wrote 0 row groups', exit 3; current: 'holds no
     Parquet files'): Spark wrote into a folder named '.my%20out.tmp-*', never cleaned up. Read

@@ -312,3 +312,21 @@ def test_one_cutoff_is_named_as_given():
     """--cutoffs abc said 'needs cutoffs', as if none had been given."""
     with pytest.raises(ValueError, match="needs two cutoffs=\\(T1, T2\\) \\(got 'abc'\\)"):
         FeatureConfig(source="synthetic:clients=10", out="o", split="time", cutoffs="abc")
+
+
+def test_the_line_endings_of_a_csv_files_records_are_told_outside_quoted_fields(tmp_path,
+                                                                               monkeypatch):
+    """Only a file that ends records with both CRLF and LF is read with LF as the line ending
+    (spark_jobs.csv_files): an Excel file (CRLF, a cell's LF in quotes) is read as before."""
+    from spark_jobs import csv_files
+
+    cases = {b'a,b\r\n"x\ny",1\r\n"p""\r\nq",2\r\n': {csv_files.CRLF},
+             b'a,b\nx,1\r\ny,2\n': {csv_files.CRLF, csv_files.LF},
+             b'a,b\r"x\r\ny",1\r': {csv_files.CR}}
+    for chunk in (1 << 20, 1, 2, 3):  # a CRLF or a quote at a chunk's edge
+        monkeypatch.setattr(csv_files, "CHUNK", chunk)
+        for n, (text, endings) in enumerate(cases.items()):
+            (tmp_path / f"{n}.csv").write_bytes(text)
+            assert csv_files.record_endings(tmp_path / f"{n}.csv") == endings, (chunk, text)
+    assert csv_files.line_options([tmp_path / "0.csv", tmp_path / "2.csv"]) == {}
+    assert csv_files.line_options([tmp_path / "0.csv", tmp_path / "1.csv"])["lineSep"] == "\n"
