@@ -140,21 +140,28 @@ class CheckpointManager:
         save_state(path, state)
         if is_best:
             self._copy_atomic(path, self.folder / "best.pt")
+        # A run's steps only go up, but a resume under a larger effective batch numbers them
+        # anew from its epoch (fewer steps an epoch): the checkpoints numbered above this one
+        # are older, set aside once this one is written.
+        for later in [s for s in self.steps() if s > step]:
+            self.set_aside(self.path_for(later), "before-resume")
         for old in self.steps()[:-self.keep]:
             self.path_for(old).unlink(missing_ok=True)
             Path(f"{self.path_for(old)}.sha256").unlink(missing_ok=True)
         return path
 
-    def set_aside(self, path: Path) -> None:
-        """Rename a damaged step checkpoint (and its checksum) to NAME.damaged, no longer one of
-        the run's steps. Left under its name, it counted among the `keep` newest by its step
-        number: the resumed run's own checkpoints (lower numbers) were pruned in its favour, with
-        keep=1 each as it was written, and a save at its step replaced it without a word."""
-        aside = path.with_name(f"{path.name}.damaged")
+    def set_aside(self, path: Path, why: str = "damaged") -> None:
+        """Rename a step checkpoint (and its checksum) to NAME.<why>, kept but no longer one of
+        the run's steps: a damaged one, or one numbered before a resume renumbered the steps
+        (save). Left under its name, it counted among the `keep` newest by its step number:
+        the resumed run's own checkpoints (lower numbers) were pruned in its favour, with keep=1
+        each as it was written, a save at its step replaced it without a word, and a later
+        --resume went back to it."""
+        aside = path.with_name(f"{path.name}.{why}")
         for n in range(1, 1000):  # never over one set aside before
             if not aside.exists():
                 break
-            aside = path.with_name(f"{path.name}.damaged-{n}")
+            aside = path.with_name(f"{path.name}.{why}-{n}")
         try:
             os.replace(path, aside)
             if Path(f"{path}.sha256").exists():
@@ -162,8 +169,8 @@ class CheckpointManager:
         except OSError as exc:  # a read-only folder: the resume goes on, as it did before
             log.warning("could not set %s aside (%s): it stays, counted as a step", path, exc)
             return
-        log.warning("kept damaged checkpoint %s as %s (no longer one of the run's checkpoints)",
-                    path.name, aside.name)
+        log.warning("kept %s checkpoint %s as %s (no longer one of the run's checkpoints)",
+                    why, path.name, aside.name)
 
     def _copy_atomic(self, src: Path, dst: Path) -> None:
         tmp = dst.with_name(f".{dst.name}.tmp")

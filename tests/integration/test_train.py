@@ -103,6 +103,24 @@ def test_a_resume_under_another_effective_batch_goes_on_from_the_epochs_end_at_i
     assert "Traceback" not in proc.stderr
 
 
+def test_a_resume_under_a_larger_batch_keeps_its_own_checkpoints_not_the_earlier_ones(
+        tiny_features, tmp_path):
+    """Under a larger effective batch a resumed run numbers its steps anew from its epoch, lower
+    than the checkpoints it resumed from. Pruned by step number, its own were removed in their
+    favour (keep_checkpoints=1: each as it was written), and the next --resume went back to
+    epoch 2. The earlier ones are kept, renamed, once the resumed run's first one is written."""
+    run = tmp_path / "run"
+    run_trainer(tiny_features, run, "--epochs", "2", "keep_checkpoints=1")
+    before = sorted((run / "checkpoints").glob("step-*.pt"))
+    assert len(before) == 1 and load_state(before[0])["position"]["epoch"] == 2
+    run_trainer(tiny_features, run, "--epochs", "3", "keep_checkpoints=1", "data.batch_size=32",
+                "--resume")
+    after = sorted((run / "checkpoints").glob("step-*.pt"))
+    assert len(after) == 1 and load_state(after[0])["position"]["epoch"] == 3, after
+    assert load_state(after[0])["position"]["step"] < load_state(
+        run / "checkpoints" / f"{before[0].name}.before-resume")["position"]["step"]
+
+
 def test_a_resume_of_a_run_that_stopped_early_trains_nothing(tiny_features, tmp_path):
     """Before, each --resume of a finished run trained one more epoch and stopped again (a
     pipeline retrying with --resume grew the run). A learning rate too small to move a weight
