@@ -22,7 +22,7 @@ import torch
 from hvd_ctsm import distributed as dist
 from hvd_ctsm.config import TrainConfig
 from hvd_ctsm.data.batches import plan_epoch, prefetch, train_batches
-from hvd_ctsm.model.checkpoint import CheckpointManager, load_state
+from hvd_ctsm.model.checkpoint import CheckpointError, CheckpointManager, load_state
 from hvd_ctsm.train import faults
 from hvd_ctsm.train.support import (log_lines_above_the_bar, lr_scale, lr_schedule, make_optimizer,
                                     progress_bar, rebase_schedule, restore, split_batch, warm_start,
@@ -187,11 +187,19 @@ def start_position(trainer: Trainer, checkpoints: CheckpointManager, resume: boo
 
 def keep_best_weights(model, checkpoints: CheckpointManager, best: dict) -> int | None:
     """Load the best validated weights (checkpoints/best.pt) into `model`, so that model.pt is
-    the best model, not the last; returns its epoch (None: never validated, the last is kept)."""
+    the best model, not the last; returns its epoch (None: never validated, the last is kept).
+    A damaged best.pt keeps the last weights, with a warning: it ended a whole run as a crash
+    without model.pt, and each --resume again (a step checkpoint loaded, best.pt unread)."""
     path = checkpoints.folder / "best.pt"
     if "epoch" not in best or not path.exists():
         return None
-    model.load_state_dict(checkpoint_weights(load_state(path)))
+    try:
+        state = load_state(path)
+    except (CheckpointError, OSError) as exc:
+        log.warning("%s; keeping the last weights instead of epoch %d's (the best validated)",
+                    exc, best["epoch"])
+        return None
+    model.load_state_dict(checkpoint_weights(state))
     return best["epoch"]
 
 
@@ -205,9 +213,10 @@ def anneal(trainer: Trainer, checkpoints: CheckpointManager, best: dict) -> None
     """Validation has stalled: every rank goes back to the best validated weights (rank 0's
     best.pt, broadcast) and trains on at a lower lr."""
     if dist.is_root():
-        keep_best_weights(trainer.model, checkpoints, best)
-        log.info("no better validation since epoch %d: back to its weights, lr x%g from epoch %d",
-                 best["epoch"], trainer.cfg.anneal_lr_factor, best["annealed_at"])
+        back = keep_best_weights(trainer.model, checkpoints, best) is not None
+        log.info("no better validation since epoch %d: %s, lr x%g from epoch %d", best["epoch"],
+                 "back to its weights" if back else "on from the last weights",
+                 trainer.cfg.anneal_lr_factor, best["annealed_at"])
     dist.broadcast_state(trainer.model, trainer.optimizer)
     trainer.lower_lr()
 

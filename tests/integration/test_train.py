@@ -121,6 +121,24 @@ def test_a_resume_under_a_larger_batch_keeps_its_own_checkpoints_not_the_earlier
         run / "checkpoints" / f"{before[0].name}.before-resume")["position"]["step"]
 
 
+def test_a_damaged_best_checkpoint_ends_the_run_with_the_last_weights_not_a_crash(
+        tiny_features, tmp_path):
+    """--resume loads the newest step checkpoint and never reads best.pt; damaged, best.pt
+    then crashed the run at its very end, without model.pt, and every --resume after it the
+    same way. A learning rate too small to move a weight keeps epoch 1 the best."""
+    run = tmp_path / "run"
+    still = ["optim.lr=1e-30"]
+    run_trainer(tiny_features, run, "--epochs", "2", *still)
+    best = run / "checkpoints" / "best.pt"
+    best.write_bytes(best.read_bytes()[:100])
+    proc = run_trainer(tiny_features, run, "--epochs", "3", *still, "--resume")
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["steps"] == 3 * summary["steps_per_epoch"] and summary["model_epoch"] is None
+    assert "checksum mismatch" in proc.stderr and "keeping the last weights instead of epoch " \
+        "1's (the best validated)" in proc.stderr, proc.stderr[-3000:]
+    assert load_state(run / "model.pt")
+
+
 def test_a_resume_of_a_run_that_stopped_early_trains_nothing(tiny_features, tmp_path):
     """Before, each --resume of a finished run trained one more epoch and stopped again (a
     pipeline retrying with --resume grew the run). A learning rate too small to move a weight
