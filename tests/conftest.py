@@ -84,6 +84,17 @@ def ml100k_dir() -> Path:
     return Path(os.environ.get("ML100K_DIR", REPO.parent / "shared" / "data" / "ml-100k"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def torchrun_logs(tmp_path_factory) -> None:
+    """torchrun keeps its workers' logs in a torchelastic_* folder that it makes in the
+    temporary folder and never removes: the suite starts it directly, through TorchDistributor
+    and in benchmarks, and a CI run left about 40 such folders behind (46 during one here,
+    other test runs beside it). PET_LOG_DIR is torchrun's --log-dir: here a folder among
+    pytest's own, which pytest prunes. (./run.sh's launcher passes its own --log-dir and
+    removes it.)"""
+    os.environ.setdefault("PET_LOG_DIR", str(tmp_path_factory.mktemp("torchrun-logs")))
+
+
 @pytest.fixture(scope="session")
 def ml100k() -> Path:
     path = ml100k_dir()
