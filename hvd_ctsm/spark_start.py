@@ -26,6 +26,9 @@ GATEWAY_EXITED = ("JAVA_GATEWAY_EXITED", "Java gateway process exited")
 MASTERS = "local[*], local[N], spark://HOST:PORT, yarn or k8s://HOST:PORT"
 HOLD_S = 60.0  # a start that takes longer shows what its JVM has printed so far
 PIPE_BYTES = 1 << 20  # room for the JVM's lines while this process is busy elsewhere
+# Printed by every Spark 4 JVM as it starts (Spark adds the module itself): no news to a user,
+# and the first line of every job's output. Dropped from what is held.
+START_NOISE = (b"WARNING: Using incubator modules: jdk.incubator.vector\n",)
 
 
 class SparkSettingError(ValueError):
@@ -89,7 +92,10 @@ class JvmStderr:
     def _pass(self) -> None:
         if self.mode == "hold":
             self.mode = "pass"
-            self._write(bytes(self.held))
+            held = bytes(self.held)
+            for line in START_NOISE:
+                held = held.replace(line, b"", 1)
+            self._write(held)
             self.held.clear()
 
     def _unread(self) -> int:
