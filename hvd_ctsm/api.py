@@ -70,10 +70,13 @@ def train_model(spark, data: str, out: str, num_proc: int = 2, config: str | Non
     init_from: a model.pt (or registry version) to warm-start from;
     overwrite: start afresh in a run folder this project wrote (--overwrite); resume: go on from
     its latest checkpoint (--resume). A folder holding a run is refused without one of them."""
+    from hvd_ctsm.files.storage import check_local
     from hvd_ctsm.serving.score import resolve_model
     from hvd_ctsm.train.launch import LaunchOptions, parse_command
     from hvd_ctsm.train.spark_train import train_on_spark
 
+    if init_from:  # as --init-from: it said "no model at s3://..." instead
+        check_local(str(init_from), "--init-from")
     # The command line's way to a config: --resume without --config takes the run's own
     argv = ["--data", location(str(data)), "--out", location(str(out)), *overrides,
             *(["--config", config] if config else []),

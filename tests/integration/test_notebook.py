@@ -51,6 +51,9 @@ def test_a_notebook_run_is_refused_on_the_driver_and_resumes_with_its_own_settin
         train_model(spark, data, run, epochs=1, overrides=small)
     with pytest.raises(FileExistsError, match="pass overwrite=True to replace it"):
         make_features(spark, "synthetic:clients=120,items=40,events=3000,seed=5", data)
+    with pytest.raises(ValueError, match=r"^init_from takes a local path .* not the URL "
+                                         r"s3://b/run"):  # it said "no model at s3://b/run"
+        train_model(spark, data, tmp_path / "warm", init_from="s3://b/run")
     # The run's own config.yaml (model.dim=16): the defaults' model would be refused as another
     resumed = train_model(spark, data, run, epochs=2, resume=True)
     assert resumed["steps"] == 2 * first["steps_per_epoch"]
