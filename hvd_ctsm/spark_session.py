@@ -91,7 +91,8 @@ def start(builder, asked: dict, master: str | None):
     bad input where it names the master or a setting in `asked`) instead of Java's trace. What
     the JVM prints is held while it starts (spark_start.JvmStderr); under spark-submit the JVM
     is spark-submit's, already running."""
-    held = None if under_spark_submit() else spark_start.JvmStderr()
+    held = None if under_spark_submit() else spark_start.hold_jvm_stderr()
+    spark = None
     try:
         spark = builder.getOrCreate()
         # The SQL session reads its settings at its first use: a bad one fails here, not in
@@ -104,6 +105,8 @@ def start(builder, asked: dict, master: str | None):
             held.discard()  # what Spark said is in the line, and all of it in --debug's
         elif held:
             held.release()
+        if spark is not None:  # else the next get_spark in this process would reuse it
+            stop_quietly(spark)
         if error is not None:
             raise error  # noqa: B904  its cause is Spark's error and output
         if any(mark in str(exc) for mark in spark_start.GATEWAY_EXITED):
@@ -113,6 +116,13 @@ def start(builder, asked: dict, master: str | None):
         held.restore()
         held.release()
     return spark
+
+
+def stop_quietly(spark) -> None:
+    try:
+        spark.stop()
+    except Exception:  # noqa: BLE001  the start's own error is the one to report
+        pass
 
 
 def java_problem() -> tuple[str, str] | None:

@@ -47,9 +47,10 @@ class JavaOutput(Exception):
 class JvmStderr:
     """The stderr of the JVM started while this is held: a pipe whose lines go on to this
     process's stderr, held back until `release` (the session started) or dropped by `discard`
-    (it did not, and the one line says why). Made before PySpark starts the JVM, which inherits
-    file descriptor 2; `restore` right after, whatever happened. Where no JVM started (PySpark
-    reused its gateway), the pipe closes at `restore` and the copying ends."""
+    (it did not, and the one line says why) until the next `hold`. Made before PySpark starts
+    the JVM, which inherits file descriptor 2; `restore` right after, whatever happened. Where
+    no JVM started (PySpark reused its gateway), the pipe closes at `restore` and the copying
+    ends; the running JVM's own is held again instead (hold_jvm_stderr)."""
 
     def __init__(self):
         self.held, self.mode = bytearray(), "hold"
@@ -60,16 +61,37 @@ class JvmStderr:
             fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         except (AttributeError, OSError):  # not Linux, or a lower limit: 64 KiB still works
             pass
-        self.out = os.dup(2)
+        try:
+            self.out = os.dup(2)
+        except OSError:  # no stderr at all (2>&-): nothing to hold it from
+            os.close(self.read)
+            os.close(write)
+            raise
         sys.stderr.flush()
         os.dup2(write, 2)  # inheritable: the JVM's stderr
         os.close(write)
+        self.redirected = True
         threading.Thread(target=self._copy, name="jvm-stderr", daemon=True).start()
+
+    def alive(self) -> bool:
+        """Whether a JVM still writes to this pipe."""
+        with self.lock:
+            return self.read >= 0
+
+    def hold(self) -> None:
+        """Hold again what the running JVM prints: a session starts on it once more."""
+        with self.lock:
+            self.held.clear()
+            self.mode = "hold"
+            self.deadline = time.monotonic() + HOLD_S
 
     def restore(self) -> str:
         """This process's own stderr back; the JVM's output held so far (all it has written:
         the pipe is read empty first)."""
-        os.dup2(self.out, 2)
+        with self.lock:
+            if self.redirected:
+                os.dup2(self.out, 2)
+                self.redirected = False
         for _ in range(200):  # the copying thread reads under the lock
             with self.lock:
                 if self._unread() == 0:
@@ -81,13 +103,15 @@ class JvmStderr:
     def release(self) -> None:
         with self.lock:
             self._pass()
+            self._close_if_done()
 
     def discard(self) -> None:
-        """Drop what was held and what this JVM prints from now on: its session did not start,
-        and its stopping prints more traces."""
+        """Drop what was held and what this JVM prints until the next `hold`: its session did
+        not start (the one line says why), and stopping or exiting it prints more traces."""
         with self.lock:
             self.held.clear()
             self.mode = "drop"
+            self._close_if_done()
 
     def _pass(self) -> None:
         if self.mode == "hold":
@@ -106,6 +130,13 @@ class JvmStderr:
                                   sys.byteorder)
         except OSError:
             return 0
+
+    def _close_if_done(self) -> None:
+        """Close our copy of stderr once the JVM has exited, fd 2 is restored from it and
+        nothing held is left to write."""
+        if self.read < 0 and not self.redirected and self.mode != "hold" and self.out >= 0:
+            os.close(self.out)
+            self.out = -1
 
     def _copy(self) -> None:
         """Until the JVM exits: every byte read, so that the JVM never waits on a full pipe."""
@@ -128,13 +159,35 @@ class JvmStderr:
         with self.lock:  # its number may be reused at once: _unread must not ask that file
             os.close(self.read)
             self.read = -1
+            self._close_if_done()
 
     def _write(self, data: bytes) -> None:
         try:
-            while data:
+            while data and self.out >= 0:
                 data = data[os.write(self.out, data):]
         except OSError:  # stderr closed: the lines have nowhere to go, the JVM goes on
             self.mode = "drop"
+
+
+_running: JvmStderr | None = None  # the one the JVM of PySpark's gateway writes to
+
+
+def hold_jvm_stderr() -> JvmStderr | None:
+    """What Spark's JVM prints from now on, held: a new pipe for the JVM about to start or,
+    where PySpark reuses its running gateway JVM (a session stopped and started again in one
+    process, as in a notebook), the pipe that JVM already writes to. None where stderr cannot
+    be redirected (closed): Spark then starts as it always did."""
+    global _running
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None and _running is not None and _running.alive():
+        _running.hold()
+        return _running
+    try:
+        _running = JvmStderr()
+    except OSError:
+        _running = None
+    return _running
 
 
 def failure(exc: BaseException, output: str, asked: dict,

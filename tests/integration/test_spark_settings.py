@@ -45,3 +45,36 @@ def test_a_master_or_setting_spark_refuses_is_one_line_and_exit_2(tmp_path, args
     assert len(done.stderr.splitlines()) == 1, done.stderr[-3000:]  # no trace, no JVM lines
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
+
+
+NOTEBOOK = """
+import sys
+from pyspark.sql import SparkSession
+from hvd_ctsm.spark_session import get_spark
+from hvd_ctsm.spark_start import SparkSettingError
+
+for bad in ({"spark.sql.shuffle.partitions": "abc"}, {"master": "local[abc]"}):
+    try:
+        get_spark(**bad)
+    except SparkSettingError as refused:
+        print("refused:", refused)
+assert SparkSession.getActiveSession() is None
+spark = get_spark("local[1]")
+assert spark.conf.get("spark.sql.shuffle.partitions") == "8"
+print("rows:", spark.range(5).count())
+spark.sparkContext._jvm.java.lang.System.err.println("the JVM after the start")
+spark.sparkContext._jvm.java.lang.System.err.flush()
+"""
+
+
+def test_a_notebook_starts_a_session_after_refused_ones_and_hears_its_jvm():
+    """In one process, as in a notebook: a refused SQL setting left its half-made session
+    active, and the next get_spark took it; after a refused start, all the JVM printed later
+    was dropped (PySpark keeps its JVM for the next session)."""
+    done = subprocess.run([sys.executable, "-c", NOTEBOOK], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = done.stdout.splitlines()
+    assert len(said) == 3 and said[2] == "rows: 5", done.stdout
+    assert "spark.sql.shuffle.partitions=abc" in said[0] and "'local[abc]'" in said[1], said
+    assert "the JVM after the start" in done.stderr, done.stderr[-3000:]

@@ -2,8 +2,10 @@
 what a started process prints to stderr. The texts are what Spark 3.5 printed (the integration
 tests, tests/integration/test_spark_settings.py, start real Spark on both stacks)."""
 
+import os
 import subprocess
 import sys
+import time
 
 from hvd_ctsm.spark_start import JvmStderr, SparkSettingError, SparkStartError, failure
 
@@ -82,3 +84,53 @@ def test_a_failed_starts_output_is_dropped(capfd):
     assert held.restore().startswith("Exception in thread")
     held.discard()
     assert capfd.readouterr().err == ""
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_the_hold_leaves_no_file_open_once_its_process_has_exited(capfd):
+    """Each start kept a copy of stderr open for good."""
+    before = open_fds()
+    for _ in range(3):
+        held = JvmStderr()
+        started_process_writes("a warning\n")
+        held.restore()
+        held.release()
+        for _ in range(200):  # the copying thread sees the pipe's end
+            if not held.alive():
+                break
+            time.sleep(0.01)
+    held.release()
+    assert open_fds() <= before
+    assert capfd.readouterr().err == "a warning\n" * 3
+
+
+def test_a_process_held_again_after_a_failed_start_is_heard_once_it_starts(capfd):
+    """After a refused start, what that JVM printed was dropped for good: a notebook's next
+    session on the same JVM (PySpark reuses it) lost Spark's errors. It is dropped until the
+    next start holds it again, then passed on once that start succeeds."""
+    held = JvmStderr()
+    jvm = subprocess.Popen([sys.executable, "-c", "import sys\nfor line in sys.stdin:\n"
+                            "    sys.stderr.write(line); sys.stderr.flush()"],
+                           stdin=subprocess.PIPE, text=True)
+
+    def says(text: str) -> None:
+        jvm.stdin.write(text)
+        jvm.stdin.flush()
+        time.sleep(0.3)
+
+    try:
+        held.restore()
+        held.discard()  # the start failed; its one line said why
+        says("stopping after the failed start\n")
+        held.hold()  # the next start, on the same process
+        says("starting again\n")
+        assert capfd.readouterr().err == ""
+        held.release()
+        says("a job's error\n")
+    finally:
+        jvm.stdin.close()
+        jvm.wait(timeout=30)
+    assert capfd.readouterr().err == "starting again\na job's error\n"
