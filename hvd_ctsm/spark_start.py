@@ -22,6 +22,9 @@ import termios
 import threading
 import time
 
+# Java's lines around the reason it did not start: its own closing words, warnings, the
+# options it picked up from the environment (JAVA_TOOL_OPTIONS), a heading.
+JAVA_PREAMBLE = ("Error: ", "WARNING: ", "Picked up ", "Error occurred during initialization")
 GATEWAY_EXITED = ("JAVA_GATEWAY_EXITED", "Java gateway process exited")
 MASTERS = "local[*], local[N], spark://HOST:PORT, yarn or k8s://HOST:PORT"
 HOLD_S = 60.0  # a start that takes longer shows what its JVM has printed so far
@@ -224,9 +227,10 @@ def launch_refusal(output: str) -> tuple[str, bool] | None:
         refused = re.search(r"at org\.apache\.spark\.deploy\.SparkSubmit(Arguments)?\.error\(",
                             output)
         return plain(thrown.group(1)), refused is not None
-    if "Could not create the Java Virtual Machine" in output:
+    if ("Could not create the Java Virtual Machine" in output
+            or "Error occurred during initialization of VM" in output):
         said = [line.strip() for line in output.splitlines() if line.strip()
-                and not line.startswith(("Error: ", "WARNING: "))]
+                and not line.startswith(JAVA_PREAMBLE)]
         return f"its JVM did not start: {said[0] if said else 'Java refused its options'}", True
     return None
 
@@ -276,12 +280,12 @@ def named_setting(reason: str, text: str, asked: dict, master: str | None) -> st
                             r"\" is invalid\.(?: It should be .*? value\.)?", text))
     if by_name:
         return refused(by_name.group("key"), by_name.group("value").strip(), by_name.group(0))
-    heap = re.search(r"Invalid maximum heap size: -Xmx(\S+)", reason)
+    heap = re.search(r"Invalid maximum heap size: -Xmx(\S+)", text)
     if heap and asked.get("spark.driver.memory") == heap.group(1):
         return (f"spark.driver.memory={heap.group(1)} is not a size Java takes "
                 f"({heap.group(0)}); give a size such as 4g or 512m")
-    holders = [key for key, value in asked.items()
-               if not value.isdigit() and len(value) > 1
+    holders = [key for key, value in asked.items()  # not a word any error may hold
+               if not value.isdigit() and len(value) > 1 and value.lower() not in ("true", "false")
                and re.search(rf"(?<![\w.\-/]){re.escape(value)}(?![\w.\-/])", reason)]
     return refused(holders[0], asked[holders[0]], reason) if len(holders) == 1 else None
 

@@ -60,6 +60,22 @@ def test_a_heap_size_is_put_on_the_driver_memory_only_where_it_is_that_setting()
     assert isinstance(elsewhere, SparkSettingError) and str(elsewhere) == (
         "Spark did not start: its JVM did not start: Invalid maximum heap size: -Xmxabc; check "
         "--master and --conf")
+    # JAVA_TOOL_OPTIONS makes Java say so first: that line was taken for the reason
+    picked = failure(EXITED, "Picked up JAVA_TOOL_OPTIONS: -Dfile.encoding=UTF-8\n" + output,
+                     {"spark.driver.memory": "abc"}, None)
+    assert str(picked).startswith("Spark did not start: spark.driver.memory=abc is not a size")
+    cannot = failure(EXITED, "Picked up JAVA_TOOL_OPTIONS: -Xss4m\nError occurred during "
+                     "initialization of VM\nCould not reserve enough space for 966367641600KB "
+                     "object heap\n", {}, None)  # java -Xmx900t, as Java 17 says it
+    assert str(cannot) == ("Spark did not start: its JVM did not start: Could not reserve "
+                           "enough space for 966367641600KB object heap; check --master and "
+                           "--conf")
+
+
+def test_a_word_any_error_may_hold_is_not_put_on_a_setting():
+    output = launch_output("java.lang.IllegalStateException: expected true")
+    said = failure(EXITED, output, {"spark.ui.enabled": "true"}, None)
+    assert isinstance(said, SparkStartError) and "refused" not in str(said)
 
 
 def started_process_writes(text: str) -> None:
