@@ -194,9 +194,11 @@ class CheckpointManager:
             try:
                 state = load_state(path)
             except (CheckpointError, OSError) as exc:
-                log.warning("skipping damaged checkpoint %s: %s", path,
+                log.warning("skipping %s checkpoint %s: %s",
+                            "damaged" if isinstance(exc, CheckpointError) else "unreadable", path,
                             str(exc).removeprefix(f"{path}: "))
-                damaged.append(path)
+                if isinstance(exc, CheckpointError):  # an I/O error may pass (NFS, FUSE)
+                    damaged.append(path)
                 continue
             for bad in damaged:
                 self.set_aside(bad)

@@ -79,6 +79,18 @@ def test_damaged_checkpoints_are_set_aside_not_counted_among_those_kept(tmp_path
     assert (tmp_path / "step-000000020.pt.damaged-1").read_bytes() == b"damaged again"
 
 
+
+def test_a_checkpoint_that_cannot_be_read_now_is_skipped_but_not_set_aside(tmp_path, caplog):
+    """An I/O error may pass (a network or FUSE file system): such a file was renamed
+    NAME.damaged for good, and every later resume stayed on the older checkpoint."""
+    manager = CheckpointManager(tmp_path, keep=3)
+    manager.save({"step": 10}, 10)
+    manager.path_for(20).mkdir()  # reading it fails with an OSError, as an EIO would
+    assert manager.load_latest()["step"] == 10
+    assert f"skipping unreadable checkpoint {manager.path_for(20)}" in caplog.text
+    assert manager.steps() == [10, 20] and not list(tmp_path.glob("*.damaged"))
+
+
 def dies_at(call: int, real):
     """`real`, except that its call-th call is a kill: it raises and nothing after it runs."""
     calls = []
