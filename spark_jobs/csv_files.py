@@ -10,7 +10,9 @@ its first line. In a file that mixes CRLF and LF records (files joined together,
 saved part of one) a CRLF after LF ones left its CR at the end of the last column (item 'x\r'
 beside 'x', an ISO timestamp rejected), and an LF after CRLF ones joined two records into one
 (the second one's fields dropped), without a word. Such a file is read with LF as the line
-ending and the CR before it dropped (`line_options`); any other file is read as before.
+ending and the CR before it dropped, and so is every file of its folder (one read takes one line
+ending: `line_options`); a folder where another file ends its lines with CR alone is refused.
+A folder without such a file is read as before.
 """
 
 from __future__ import annotations
@@ -36,18 +38,18 @@ def csv_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob(PATTERN) if p.is_file())
 
 
-def mixes_crlf_and_lf(path: Path) -> bool:
-    """Whether records of `path` end with CRLF and LF both. Most files have one ending: bytes
-    counted at C speed tell that (20 MB/s where every line was split at its quotes). Only a file
-    holding both is read again to tell its records' endings from line breaks quoted inside
-    fields (record_endings)."""
+def line_endings(path: Path) -> set[bytes]:
+    """The line endings (CRLF, LF, CR) in `path`, quoted ones too, read until both CRLF and LF
+    are seen, else to the end. Bytes counted at C speed: most files have one ending, and only
+    a file holding both is read again to tell its records' endings from line breaks quoted
+    inside fields (record_endings: 20 MB/s where every line is split at its quotes)."""
     found: set[bytes] = set()
     with path.open("rb") as f:
         while not {CRLF, LF} <= found and (chunk := f.read(CHUNK)):
             if chunk.endswith(CR):  # never split a CRLF between two chunks
                 chunk += f.read(1)
             found |= _endings(chunk)
-    return {CRLF, LF} <= found and {CRLF, LF} <= record_endings(path)
+    return found
 
 
 def record_endings(path: Path) -> set[bytes]:
@@ -75,12 +77,24 @@ def _endings(text: bytes) -> set[bytes]:
 
 def line_options(files: list[Path]) -> dict:
     """spark.read.csv options for reading `files`: none (Spark's own line ending per file, as
-    always) unless a file mixes CRLF and LF records; then LF ends a line and the CR before it
-    goes with the trailing white space Spark drops from an unquoted field (a trailing space or
-    tab of an unquoted field goes too: ids are trimmed of spaces anyway)."""
-    if any(mixes_crlf_and_lf(path) for path in files):
-        return {"lineSep": "\n", "ignoreTrailingWhiteSpace": True}
-    return {}
+    always) unless a file mixes CRLF and LF records; then LF ends a line of every file (one
+    read takes one line ending) and the CR before it goes with the trailing white space Spark
+    drops from an unquoted field (a trailing space or tab of an unquoted field goes too: ids
+    are trimmed of spaces anyway). A file beside it whose lines end with CR alone would be one
+    record then: refused."""
+    endings = {path: line_endings(path) for path in files}
+    mixing = [path for path, found in endings.items()
+              if {CRLF, LF} <= found and {CRLF, LF} <= record_endings(path)]
+    if not mixing:
+        return {}
+    cr_alone = [path for path, found in endings.items()
+                if CR in found and record_endings(path) == {CR}]
+    if cr_alone:
+        raise SchemaError(
+            f"{mixing[0]} ends its lines with CRLF and LF both, and {cr_alone[0]} with CR alone: "
+            "Spark reads a folder's files with one line ending; convert the lines of "
+            f"{cr_alone[0].name} to end with LF (e.g. tr '\\r' '\\n'), or read it apart")
+    return {"lineSep": "\n", "ignoreTrailingWhiteSpace": True}
 
 
 def check_same_headers(folder: Path) -> None:

@@ -330,3 +330,9 @@ def test_the_line_endings_of_a_csv_files_records_are_told_outside_quoted_fields(
             assert csv_files.record_endings(tmp_path / f"{n}.csv") == endings, (chunk, text)
     assert csv_files.line_options([tmp_path / "0.csv", tmp_path / "2.csv"]) == {}
     assert csv_files.line_options([tmp_path / "0.csv", tmp_path / "1.csv"])["lineSep"] == "\n"
+    from spark_jobs.validate import SchemaError
+
+    # A file of CR-ended lines beside a mixing one would be one record under LF: refused
+    with pytest.raises(SchemaError, match=r"1.csv ends its lines with CRLF and LF both, and "
+                                          r".*2.csv with CR alone"):
+        csv_files.line_options([tmp_path / "0.csv", tmp_path / "1.csv", tmp_path / "2.csv"])
