@@ -73,7 +73,7 @@ class PipelineConfig:
         from hvd_ctsm.files.outputs import check_not_inside_a_whole
 
         check_not_inside_a_whole(work / "features")  # --work a dataset, or a folder inside one
-        check_work(work)
+        check_work(work, Path(self.registry))
         if self.num_proc < 1:
             raise ValueError(f"num_proc must be >= 1, got {self.num_proc}")
         if self.row_groups < self.num_proc:
@@ -104,10 +104,11 @@ class PipelineConfig:
 WORK_ENTRIES = ("features", "model", "backtest.json", "pipeline.json", "mlflow")
 
 
-def check_work(work: Path) -> None:
+def check_work(work: Path, registry: Path | None = None) -> None:
     """--work is new, empty or a pipeline's own work folder: before, a folder of the user's
     files got features/, model/ and the reports written beside them. A work folder from before
-    they were marked holds pipeline.json and nothing but what a run writes: it is taken."""
+    they were marked holds pipeline.json and nothing but what a run writes (and the
+    `registry`, where it was put inside): it is taken."""
     from hvd_ctsm.files import outputs
 
     if work.exists() and not work.is_dir():
@@ -119,16 +120,19 @@ def check_work(work: Path) -> None:
         raise outputs.UnsafeOutputError(
             f"refusing to write to {work}: it holds hvd_ctsm {record.get('kind')} output, not a "
             "pipeline's work folder; pick another --work")
-    if record is None and not outputs.is_empty(work) and not _earlier_work(work):
+    if record is None and not outputs.is_empty(work) and not _earlier_work(work, registry):
         raise outputs.UnsafeOutputError(
             f"refusing to write to {work}: it holds files the pipeline did not write (no "
             f"{outputs.MARKER} in it); pick a new folder for --work, or one the pipeline made")
 
 
-def _earlier_work(work: Path) -> bool:
+def _earlier_work(work: Path, registry: Path | None) -> bool:
     """An unmarked work folder that only a pipeline run wrote (see check_work)."""
+    inside = registry is not None and registry.resolve().parent == work.resolve()
+    entries = (*WORK_ENTRIES, registry.name) if inside else WORK_ENTRIES
+
     def own(name: str) -> bool:
-        return name in WORK_ENTRIES or any(name.startswith(f".{e}.") for e in WORK_ENTRIES)
+        return name in entries or any(name.startswith(f".{e}.") for e in entries)
 
     names = [p.name for p in work.iterdir()]
     return "pipeline.json" in names and all(own(n) for n in names)

@@ -184,6 +184,11 @@ def test_the_spark_pipeline_refuses_a_work_folder_of_the_users_own_files(tmp_pat
     for name in ("pipeline.json", "backtest.json", ".pipeline.json.x1y2.tmp"):
         (earlier / name).write_text("{}")
     pipeline.check_work(earlier)
+    (earlier / "registry").mkdir()  # --registry WORK/registry: the user's own layout
+    pipeline.check_work(earlier, earlier / "registry")
+    with pytest.raises(outputs.UnsafeOutputError, match="files the pipeline did not write"):
+        pipeline.check_work(earlier, tmp_path / "registry")  # a registry elsewhere
+    (earlier / "registry").rmdir()
     (earlier / "notes.txt").write_text("a user's notes")
     with pytest.raises(outputs.UnsafeOutputError, match="files the pipeline did not write"):
         pipeline.check_work(earlier)
