@@ -19,6 +19,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from hvd_ctsm.errors import EXIT_BAD_INPUT, EXIT_CODE_DIR, EXIT_CRASH, EXIT_REFUSED, LAUNCHER_SIGNAL
@@ -92,7 +93,7 @@ def run_launcher(launcher: str, argv: list[str]) -> None:
         sys.argv = ["horovodrun", *argv]  # horovodrun reads its own sys.argv
         received: list[int] = []
         try:
-            with signals_recorded(received):
+            with signals_recorded(received), workers_gone_quietly():
                 run_commandline()
         except KeyboardInterrupt:
             raise Stopped(signal.SIGINT) from None
@@ -127,6 +128,27 @@ def signals_recorded(received: list[int]):
         yield
     finally:
         signal.signal = install
+
+
+@contextlib.contextmanager
+def workers_gone_quietly():
+    """While inside, a thread's psutil.NoSuchProcess is not printed. horovodrun stops its
+    workers from threads (safe_shell_exec) that ask psutil for a worker's children; a worker
+    that has already exited raises there, and the thread's traceback (16 lines) stood in a
+    Ctrl-C's one line (CI here, once). A worker gone is what the stop wanted."""
+    import psutil
+
+    previous = threading.excepthook
+
+    def hook(args):
+        if not issubclass(args.exc_type, psutil.NoSuchProcess):
+            previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
 
 
 def note_launcher_signal(signum: int) -> None:
