@@ -27,7 +27,6 @@ from pathlib import Path
 
 from hvd_ctsm import tracking
 from hvd_ctsm.data.dataset_meta import metadata_sha256
-from hvd_ctsm.files import storage
 from hvd_ctsm.model.checkpoint import model_file, model_sha256
 
 TAKES = ("--champion takes a registry folder (its current version), a version folder "
@@ -134,10 +133,9 @@ def read_report(path: Path, ref: str) -> dict:
 
 
 def check_ref(ref: str | None) -> None:
-    """--champion takes local paths and models:/ URIs; another URL was taken as a path and
-    said "s3:/b/reg not found" (its // folded)."""
-    if ref and not tracking.is_model_uri(ref):
-        storage.check_local(ref, "--champion", "models:/NAME@ALIAS")
+    """--champion takes local paths and models:/ URIs (tracking.check_model_ref)."""
+    if ref:
+        tracking.check_model_ref(ref, "--champion")
 
 
 def load(ref: str | None, model_path: str | Path, scratch: str | Path) -> Champion | None:

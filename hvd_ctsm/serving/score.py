@@ -96,12 +96,10 @@ def model_source(model: str | Path, data: str | Path, tracking_uri: str = ""):
 
 
 def check_model_option(model: str | Path, option: str = "--model") -> None:
-    """A model option takes a local path or a models:/ URI (model_source); any other URL is
-    refused before any work: it was taken as a path and found missing ("no model at s3://..."),
-    after the dataset was opened (and, on Spark, the application started)."""
+    """A model option takes a local path or a models:/ URI (model_source; the check:
+    tracking.check_model_ref)."""
     from hvd_ctsm import tracking
-    if not tracking.is_model_uri(model):
-        storage.check_local(model, option, "models:/NAME@ALIAS")
+    tracking.check_model_ref(model, option)
 
 
 def model_inputs(data: str | Path, model: str | Path) -> tuple:

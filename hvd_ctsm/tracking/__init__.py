@@ -26,13 +26,13 @@ import os
 from functools import cache
 from pathlib import Path
 
-from hvd_ctsm.tracking.link import (CHAMPION, LINK_FILE, RunLink, is_model_uri, read_link,
-                                    registry_uri, tracking_uri)
+from hvd_ctsm.tracking.link import (CHAMPION, LINK_FILE, RunLink, check_model_ref, is_model_uri,
+                                    read_link, registry_uri, tracking_uri)
 
 log = logging.getLogger("hvd_ctsm.tracking")
-__all__ = ["CHAMPION", "LINK_FILE", "RunLink", "champion_version", "download_model",
-           "is_model_uri", "log_report", "metrics_writer", "mlflow_installed", "read_link",
-           "register", "tracking_uri"]
+__all__ = ["CHAMPION", "LINK_FILE", "RunLink", "champion_version", "check_model_ref",
+           "download_model", "is_model_uri", "log_report", "metrics_writer", "mlflow_installed",
+           "read_link", "register", "tracking_uri"]
 
 
 @cache

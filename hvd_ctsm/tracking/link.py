@@ -52,6 +52,16 @@ def is_model_uri(ref: str | Path | None) -> bool:
     return str(ref or "").startswith(MODEL_URI_PREFIX)
 
 
+def check_model_ref(ref: str | Path, option: str) -> None:
+    """A model option takes a local path or a models:/ URI; any other URL is refused in one line
+    before any work: it was taken as a path and found missing ("no model at s3://...", "s3:/b/reg
+    not found"), after the dataset was opened (and, on Spark, the application started)."""
+    from hvd_ctsm.files.storage import check_local
+
+    if not is_model_uri(ref):
+        check_local(ref, option, f"{MODEL_URI_PREFIX}NAME@ALIAS")
+
+
 def registry_uri(configured: str, near: str | Path) -> str:
     """The store to read a registered model from: `configured`, else MLFLOW_TRACKING_URI, else
     the default local store beside `near` (a feature or run folder: NEAR/../mlflow, where the
