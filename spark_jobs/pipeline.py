@@ -70,10 +70,7 @@ class PipelineConfig:
         # after the features and the training had run.
         work = Path(self.work)
         check_registry(Path(self.registry), (work / "features", work / "model"))
-        from hvd_ctsm.files.outputs import check_not_inside_a_whole
-
-        check_not_inside_a_whole(work / "features")  # --work a dataset, or a folder inside one
-        check_work(work, Path(self.registry))
+        check_work(work, Path(self.registry))  # a dataset, a folder in one, the user's folder
         if self.num_proc < 1:
             raise ValueError(f"num_proc must be >= 1, got {self.num_proc}")
         if self.row_groups < self.num_proc:
