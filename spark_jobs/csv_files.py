@@ -44,12 +44,18 @@ def line_endings(path: Path) -> set[bytes]:
     a file holding both is read again to tell its records' endings from line breaks quoted
     inside fields (record_endings: 20 MB/s where every line is split at its quotes)."""
     found: set[bytes] = set()
-    with path.open("rb") as f:
-        while not {CRLF, LF} <= found and (chunk := f.read(CHUNK)):
-            if chunk.endswith(CR):  # never split a CRLF between two chunks
-                chunk += f.read(1)
-            found |= _endings(chunk)
+    for chunk in _chunks(path):
+        found |= _endings(chunk)
+        if {CRLF, LF} <= found:
+            break
     return found
+
+
+def _chunks(path: Path):
+    """`path`'s bytes in chunks of CHUNK, a CRLF never split between two."""
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            yield chunk + f.read(1) if chunk.endswith(CR) else chunk
 
 
 def record_endings(path: Path) -> set[bytes]:
@@ -58,14 +64,13 @@ def record_endings(path: Path) -> set[bytes]:
     are seen, else to the end."""
     found: set[bytes] = set()
     inside = False  # within a quoted field; a doubled quote toggles twice
-    with path.open("rb") as f:
-        while not {CRLF, LF} <= found and (chunk := f.read(CHUNK)):
-            if chunk.endswith(CR):  # never split a CRLF between two chunks
-                chunk += f.read(1)
-            for n, part in enumerate(chunk.split(b'"')):
-                inside = inside != (n > 0)
-                if not inside:
-                    found |= _endings(part)
+    for chunk in _chunks(path):
+        for n, part in enumerate(chunk.split(b'"')):
+            inside = inside != (n > 0)
+            if not inside:
+                found |= _endings(part)
+        if {CRLF, LF} <= found:
+            break
     return found
 
 
