@@ -105,14 +105,11 @@ def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) ->
 
 
 def check_report_place(path: str | Path) -> None:
-    """A report is written at a local path outside every model registry: `gate --report
-    REGISTRY/v0001/backtest.json` recorded its decision in a deployed version."""
+    """A report is written at a local path outside every model registry and feature dataset:
+    `gate --report REGISTRY/v0001/backtest.json` recorded its decision in a deployed version."""
     check_local(path, "--report")
-    registry = outputs.registry_holding(path)
-    if registry is not None:
-        raise outputs.UnsafeOutputError(
-            f"refusing to write {path}: it lies in the model registry {registry}, whose versions "
-            "never change after deploy; copy the report out of it and pass the copy (--report)")
+    outputs.check_not_inside_a_whole(
+        path, fix="copy the report out of it and pass the copy (--report)")
 
 
 def check_report_path(path: str | Path) -> None:

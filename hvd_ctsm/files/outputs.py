@@ -38,33 +38,47 @@ def deployed_version(registry: str | Path) -> Path | None:
     return Path(registry) / pointer.read_text().strip() if pointer.is_file() else None
 
 
-def registry_holding(path: str | Path) -> Path | None:
-    """The model registry `path` lies in (a folder deploy marked "registry"), or None: only
-    deploy writes there, and a version never changes after it."""
-    held = folder_holding(path, ("registry",))
-    return held and held[0]
-
-
 def folder_holding(path: str | Path, kinds: tuple[str, ...]) -> tuple[Path, str] | None:
-    """(folder, kind): the nearest folder above `path` that we marked as one of `kinds`."""
+    """(folder, kind): the nearest folder above `path` that we marked as one of `kinds`. A
+    registry from before registries were marked is known by its `current` and versions."""
     if storage.is_remote(path):
         return None
     for folder in Path(path).resolve().parents:
-        kind = (marker(folder) or {}).get("kind")
+        kind = (marker(folder) or {}).get("kind") or ("registry" if is_old_registry(folder)
+                                                      else None)
         if kind:
             return (folder, kind) if kind in kinds else None
     return None
 
 
-def check_not_inside_a_whole(out: str | Path) -> None:
-    """Refuse an output inside a feature dataset or a registry: their readers check them file
-    by file (a file added to a split made the dataset refused as damaged), and a registry
-    version never changes after deploy."""
-    held = folder_holding(out, ("features", "registry"))
+def is_old_registry(folder: Path) -> bool:
+    """An unmarked folder deploy made before it marked registries: `current` names one of its
+    version folders."""
+    try:
+        version = deployed_version(folder)
+    except (OSError, ValueError):  # an unreadable `current`: not one deploy wrote
+        return False
+    return version is not None and version.parent == folder and version.name[:1] == "v" \
+        and version.is_dir()
+
+
+# What lies inside each whole output, for the refusal that names it
+WHOLES = {"features": "the feature dataset {}, which only the feature job writes",
+          "registry": "the model registry {}, whose versions never change after deploy"}
+
+
+def check_not_inside_a_whole(path: str | Path, kinds: tuple[str, ...] = tuple(WHOLES),
+                             fix: str | dict[str, str] = "pick an --out outside it") -> None:
+    """Refuse to write `path` inside a feature dataset or a registry: their readers check them
+    file by file (a file added to a split made the dataset refused as damaged), and a registry
+    version never changes after deploy. `fix` ends the message (one for each kind, or one for
+    all): each command names its own option."""
+    held = folder_holding(path, kinds)
     if held:
-        raise UnsafeOutputError(f"refusing to write {out}: it lies inside the hvd_ctsm "
-                                f"{held[1]} folder {held[0]}, which only its own job writes; "
-                                "pick an --out outside it")
+        folder, kind = held
+        fix = fix[kind] if isinstance(fix, dict) else fix
+        raise UnsafeOutputError(f"refusing to write {path}: it lies inside "
+                                f"{WHOLES[kind].format(folder)}; {fix}")
 
 
 class UnsafeOutputError(FileExistsError):

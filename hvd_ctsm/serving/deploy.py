@@ -130,12 +130,8 @@ def check_registry(registry: Path, inputs) -> None:
         raise ValueError(f"--registry {registry} is a file, not a registry folder; pick a folder "
                          "(a new one, or one deploy made)")
     outputs.check_not_an_input(registry, inputs, "--registry")
-    held = outputs.folder_holding(registry, ("registry", "features"))
-    if held is not None:
-        where = (f"in the model registry {held[0]}; pass the registry itself"
-                 if held[1] == "registry" else
-                 f"inside the feature dataset {held[0]}; pick another --registry")
-        raise outputs.UnsafeOutputError(f"refusing to deploy into {registry}: it lies {where}")
+    outputs.check_not_inside_a_whole(registry, fix={"registry": "pass the registry itself",
+                                                    "features": "pick another --registry"})
     record = outputs.marker(registry)
     kind = (record or {}).get("kind", "registry")
     if kind != "registry":

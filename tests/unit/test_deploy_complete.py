@@ -176,7 +176,7 @@ def test_the_registry_option_names_a_registry_folder(tmp_path, capsys):
     registry = tmp_path / "registry"
     assert deploy_line([*args, str(registry)], capsys)[0] == 0
     code, err = deploy_line([*args, str(registry / "v0001")], capsys)
-    assert code == 2 and f"lies in the model registry {registry}" in err, err
+    assert code == 2 and f"lies inside the model registry {registry}" in err, err
     other = tmp_path / "other-features"
     other.mkdir()
     outputs.mark(other, "features")  # a dataset that is no input of this deploy

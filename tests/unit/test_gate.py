@@ -246,8 +246,8 @@ def test_a_report_in_the_registry_is_never_rewritten(tmp_path, capsys):
     before = (version / "backtest.json").read_text()
     assert gate.main(["--report", str(version / "backtest.json"), "--gate", "mrr>0.9"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"lies in the model registry {registry}" in err, err
-    with pytest.raises(FileExistsError, match="lies in the model registry"):
+    assert err.count("\n") == 1 and f"lies inside the model registry {registry}" in err, err
+    with pytest.raises(FileExistsError, match="lies inside the model registry"):
         gate.check_report_path(version / "backtest.json")  # the backtest's check, before work
     assert (version / "backtest.json").read_text() == before
 

@@ -109,19 +109,36 @@ def test_ctrl_c_during_the_swap_waits_for_it_to_end(tmp_path, monkeypatch):
 def test_nothing_is_written_inside_a_dataset_or_a_registry(tmp_path):
     """`score --out feat2/serving/new.parquet` wrote into another dataset, exit 0; that dataset
     was then refused as damaged. A run, a scores folder or a file there is refused first."""
+    from hvd_ctsm.evaluation.gate import check_report_place
     from hvd_ctsm.serving.score import check_score_file
 
     data, registry = tmp_path / "feat2", tmp_path / "registry"
-    for folder, kind in ((data, "features"), (registry, "registry")):
+    for folder, whole in ((data, "feature dataset"), (registry, "model registry")):
         (folder / "part").mkdir(parents=True)
-        outputs.mark(folder, kind)
-        with pytest.raises(outputs.UnsafeOutputError, match=f"inside the hvd_ctsm {kind} folder"):
+        outputs.mark(folder, "features" if folder == data else "registry")
+        with pytest.raises(outputs.UnsafeOutputError, match=f"inside the {whole} {folder}"):
             check_score_file(folder / "part" / "new.parquet", ())
-        with pytest.raises(outputs.UnsafeOutputError, match=f"inside the hvd_ctsm {kind} folder"):
+        with pytest.raises(outputs.UnsafeOutputError, match=f"inside the {whole} {folder}"):
             outputs.check_replaceable(folder / "run", "run")
+        with pytest.raises(outputs.UnsafeOutputError, match=f"inside the {whole} {folder}"):
+            check_report_place(folder / "part" / "backtest.json")  # backtest and gate --report
     check_score_file(tmp_path / "scores.parquet", ())  # beside them: fine
     outputs.check_replaceable(tmp_path / "run", "run")
     outputs.check_replaceable(data, "features")  # the dataset itself: its own job replaces it
+
+
+def test_a_registry_from_before_markers_is_known_by_its_current_and_versions(tmp_path):
+    """deploy marked no registry before 2026-11-30: such a registry (`current` naming one of its
+    versions) is refused as a place to write, as a marked one is; a user's folder that only has
+    a file named `current` is not taken for one."""
+    registry = tmp_path / "registry"
+    (registry / "v0001").mkdir(parents=True)
+    (registry / "current").write_text("v0001\n")
+    with pytest.raises(outputs.UnsafeOutputError,
+                       match=f"inside the model registry {registry}, whose"):
+        outputs.check_replaceable(registry / "v0001" / "run", "run")
+    (registry / "current").write_text("notes I keep\n")
+    outputs.check_replaceable(registry / "v0001" / "run", "run")
 
 
 def test_a_file_that_cannot_be_written_is_named_not_its_temporary_file():
