@@ -5,7 +5,8 @@
 
 Defaults are the dataclasses below (the model section, ModelConfig, in hvd_ctsm.config.model_config,
 each of its defaults with its reason); a preset (hvd_ctsm/presets/NAME.yaml, shipped in the wheel)
-overrides some of them and `section.field=value` overrides win over both. Every value is converted
+overrides some of them and `section.field=value` overrides win over both (both read by
+hvd_ctsm.config.sources). Every value is converted
 to its field's declared type (hvd_ctsm.config.types), so `optim.lr=1e-3` is a float and
 `epochs=3.7` is refused, naming the field, the value and the type; __post_init__ then checks
 ranges. Either way a bad value stops the run before any worker starts. The resolved config is
@@ -17,13 +18,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import yaml
 
 from hvd_ctsm.config.model_config import ModelConfig
-from hvd_ctsm.config.types import ConfigError, build, check, one_of, parse_yaml
+from hvd_ctsm.config.sources import apply_overrides, as_override, preset_names, read_preset
+from hvd_ctsm.config.types import ConfigError, build, check, one_of
 from hvd_ctsm.errors import arg_parser
 from hvd_ctsm.files.storage import location
 
@@ -305,46 +306,6 @@ def from_dict(cls, values: dict):
     return build(cls, values)
 
 
-def apply_overrides(values: dict, overrides: list[str]) -> dict:
-    """Put each `section.field=value` into `values` as text; build() converts it by type."""
-    for item in overrides:
-        check("=" in item, f"override {item!r} must look like section.field=value")
-        dotted, raw = item.split("=", 1)
-        node = values
-        *parents, leaf = dotted.strip().split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-            check(isinstance(node, dict), f"{dotted}: {part} is not a section")
-        node[leaf] = raw.strip()
-    return values
-
-
-def as_override(dotted: str, value) -> str:
-    """`section.field=value` as a user would type it to get `value` back (apply_overrides)."""
-    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else value
-    return f"{dotted}={text}"
-
-
-def preset_names() -> list[str]:
-    folder = resources.files("hvd_ctsm").joinpath("presets")
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml")) \
-        if folder.is_dir() else []
-
-
-def read_preset(path: str) -> dict:
-    """A YAML file, else a preset shipped with the package (importlib.resources: works from
-    a checkout, an installed wheel or a zip)."""
-    if Path(path).is_file():
-        text = Path(path).read_text()
-    else:
-        preset = resources.files("hvd_ctsm").joinpath("presets", f"{path}.yaml")
-        check(preset.is_file(), f"config file {path} not found (presets: {preset_names()})")
-        text = preset.read_text()
-    values = parse_yaml(text, f"config file {path}") or {}
-    check(isinstance(values, dict), f"{path} must hold a mapping of section: field: value")
-    return values
-
-
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Defaults <- YAML preset (a path or a preset name) <- overrides."""
     values = read_preset(path) if path else {}
@@ -352,7 +313,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
 
 
 def save_config(cfg: TrainConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    path.write_text(config_yaml(cfg))
 
 
 def config_yaml(cfg: TrainConfig) -> str:
@@ -404,5 +365,5 @@ def config_from_argv(argv: list[str], prog: str = "hvd-ctsm train"
 
 
 __all__ = ["ConfigError", "DataConfig", "DistConfig", "ModelConfig", "OptimConfig",
-           "TrackingConfig", "TrainConfig", "config_from_argv", "config_yaml", "load_config",
-           "save_config", "to_dict"]
+           "TrackingConfig", "TrainConfig", "apply_overrides", "as_override", "config_from_argv",
+           "config_yaml", "load_config", "preset_names", "read_preset", "save_config", "to_dict"]
