@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hvd_ctsm.files import storage
+from hvd_ctsm.files.atomic import atomic_write_bytes
 
 MARKER = ".hvd_ctsm-output.json"
 KINDS = ("features", "run", "scores", "predictions", "registry", "pipeline")
@@ -95,7 +96,9 @@ def mark(folder: str | Path, kind: str) -> None:
         raise ValueError(f"unknown output kind {kind!r}")
     record = {"kind": kind, "host": socket.gethostname(), "pid": os.getpid(),
               "created": round(time.time(), 3)}
-    (Path(folder) / MARKER).write_text(json.dumps(record) + "\n")
+    # Whole or absent: a marker cut short by a full disk read as none, and every later run
+    # into the folder was refused as not ours, --resume and --overwrite too.
+    atomic_write_bytes(Path(folder) / MARKER, (json.dumps(record) + "\n").encode())
 
 
 def claim(folder: str | Path, kind: str) -> None:
@@ -230,7 +233,11 @@ def staging_dir(out: Path, overwrite: bool, kind: str = "features", inputs=()) -
     remove_stale_temps(out)
     stage = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
     stage.mkdir()
-    mark(stage, kind)
+    try:
+        mark(stage, kind)
+    except BaseException:  # unmarked, remove_stale_temps would never take it away
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
     return stage
 
 
