@@ -8,11 +8,15 @@ Spark pipeline, and `./run.sh` around torchrun and horovodrun) are EXIT_CODES be
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import re
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import unquote
 
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # the shell's code for a command ended by SIGINT (128 + 2)
@@ -26,7 +30,8 @@ EXIT_CODES = """exit codes:
      wrong with the inputs
   2  bad arguments or input: a bad config value, a missing or damaged dataset or model, an output
      that may not be written; the one-line message names the fix
-  3  crashed: a bug or an environment problem; rerun with --debug for the traceback
+  3  crashed: a bug or an environment problem (a full disk: its line names the path); rerun
+     with --debug for the traceback
 130  interrupted (Ctrl-C); a training run goes on from its last checkpoint with --resume
 141  what read the output stopped reading (`| head`), as for any command the pipe stops"""
 
@@ -112,8 +117,10 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
     argv = [a for a in argv if a != "--debug"]
     if debug:
         return main(argv)
+    threads_said: list[str] = []
     try:
-        return main(argv)
+        with disk_full_in_threads(prog) as threads_said:
+            return main(argv)
     except BrokenPipeError:  # `... --help | head`: no failure of ours, so no line ("crashed")
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # exit's flush: no error
         return EXIT_READER_GONE
@@ -132,10 +139,18 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
         if CTRL_C.is_set():  # a Spark job cancelled by Ctrl-C: its call's error is the stop
             return interrupted(prog, KeyboardInterrupt("interrupted: Spark's running jobs were "
                                                        "cancelled"))
+        full = disk_full(exc)
+        if full:  # the cause is known: no "crashed", no --debug to find it
+            print(f"{prog}: error: {full}", file=sys.stderr)
+            threads_said.clear()
+            return EXIT_CRASH
         detail = spark_jvm_stopped(exc) or f"{type(exc).__name__}: {one_line(exc)}"
         print(f"{prog}: crashed: {detail} (rerun with --debug for the traceback)",
               file=sys.stderr)
         return EXIT_CRASH
+    finally:
+        for line in threads_said:  # a thread's full disk that the main thread did not say
+            print(line, file=sys.stderr)
 
 
 def interrupted(prog: str, stop: KeyboardInterrupt) -> int:
@@ -145,6 +160,79 @@ def interrupted(prog: str, stop: KeyboardInterrupt) -> int:
     print(f"{prog}: {str(stop) or 'interrupted'}", file=sys.stderr)
     sys.last_type, sys.last_value = type(stop), stop
     return EXIT_INTERRUPTED
+
+
+# A full disk (or quota) is the environment, not the command or its input: exit 3, as for a
+# crash, since the same command works once there is room; but its line says so and names where.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded")
+# Where Spark's writer says it failed: "Task failed while writing rows to file:/a/b."
+SPARK_WRITE_TARGET = re.compile(r"writing rows to (?:file:)?(\S+?)\.?(?:\s|$)")
+# An output built in a temporary sibling (hvd_ctsm.files.outputs.staging_dir) is named as the
+# output the user gave: the stage is gone by the time the line is read.
+STAGE = re.compile(r"/\.([^/]+)\.tmp-[0-9a-f]{8}(?=/|$)")
+AGAIN = "run the command again"  # the way on, unless the step names another (NoSpaceError)
+
+
+class NoSpaceError(OSError):
+    """A full disk, said with the way on for this command (`then`)."""
+
+    def __init__(self, full: OSError, path: str | os.PathLike, then: str):
+        super().__init__(full.errno, full.strerror, full.filename2 or full.filename or path)
+        self.then = then
+
+
+def disk_full(exc: BaseException) -> str | None:
+    """The one line, naming the path where known, when `exc` (or one it was raised from or
+    during) is a full disk: an OSError of ours, or Spark's error text via Py4J; else None."""
+    texts, seen = [], exc
+    while seen is not None and len(texts) < 10:
+        if isinstance(seen, OSError) and seen.errno in DISK_FULL:
+            # shutil.copyfile and os.replace name the source first, the written file second
+            return no_space_line(seen.filename2 or seen.filename, seen.strerror,
+                                 getattr(seen, "then", AGAIN))
+        texts.append(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    for said in DISK_FULL_TEXTS:
+        if any(said in text for text in texts):
+            target = next(filter(None, map(SPARK_WRITE_TARGET.search, texts)), None)
+            return no_space_line(target and unquote(target.group(1)), said)  # a URL's %20
+    return None
+
+
+@contextmanager
+def disk_full_in_threads(prog: str) -> Iterator[list[str]]:
+    """Collect, as their one lines, the full disks that end threads (TensorBoard's writer):
+    Python printed each one's traceback, cut off at exit ("Exception in thread Thread-1:" in
+    the middle of the command's line). The thread's writer raises it in the main thread too,
+    whose line names the folder: the collected ones are for a main thread that never said so."""
+    previous, said = threading.excepthook, []
+
+    def hook(args) -> None:
+        full = args.exc_value is not None and disk_full(args.exc_value)
+        if not full:
+            previous(args)
+        elif f"{prog}: error: {full}" not in said:
+            said.append(f"{prog}: error: {full}")
+
+    threading.excepthook = hook
+    try:
+        yield said
+    finally:
+        threading.excepthook = previous
+
+
+def no_space_line(path: str | os.PathLike | None, strerror: str | None,
+                  then: str = AGAIN) -> str:
+    """The line for a full disk, naming `path` where it is known."""
+    said = (strerror or "No space left on device").lower()
+    if not path:
+        return (f"{said} while writing (the output's disk, or TMPDIR's or Spark's "
+                "spark.local.dir, which are /tmp by default): free space there or write "
+                f"elsewhere, then {then}")
+    path = STAGE.sub(r"/\1", os.fsdecode(path))
+    return (f"{said} writing {path}: free space on its disk (df -h shows how much) or write "
+            f"elsewhere, then {then}")
 
 
 SPARK_MEMORY_FIX = ("give it more heap: --conf spark.driver.memory=16g (in local mode the "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
+from hvd_ctsm.errors import disk_full
 from hvd_ctsm.spark_session import (DEFAULT_CONF, REQUIRED_CONF, RUNTIME_CONF, get_spark,
                                     resolve_master, under_spark_submit)
 
@@ -66,6 +67,8 @@ def check_executors(spark) -> None:
     try:
         python, missing = spark.sparkContext.parallelize([0], 1).mapPartitions(_probe).first()
     except Exception as exc:  # the worker itself failed to start (e.g. no such interpreter)
+        if disk_full(exc):  # Spark's local dir (TMPDIR's disk) is full: no import is missing
+            raise
         python, missing = os.environ.get("PYSPARK_PYTHON", "python3"), [str(exc).splitlines()[0]]
     if missing:
         raise ExecutorPythonError(

@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from hvd_ctsm.errors import DISK_FULL
+
 
 def _umask() -> int:
     try:  # Linux says it without changing it
@@ -55,6 +57,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:  # its message named our temporary file, which the user never typed
+        if exc.errno in DISK_FULL:  # no inode left: not a permission to fix
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise PermissionError(exc.errno, f"cannot write there ({exc.strerror})",
                               str(path)) from None
     try:
@@ -64,6 +68,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None:  # a failed write names no file: say which one
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

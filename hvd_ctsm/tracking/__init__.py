@@ -65,7 +65,7 @@ def metrics_writer(tensorboard, cfg, meta: dict, backend: str, ranks: int, resum
         log.warning("MLflow tracking is off for this run: cannot open a run in %s (%s: %s); set "
                     "tracking.uri or MLFLOW_TRACKING_URI to a reachable store, or "
                     "tracking.enabled=false", tracking_uri(cfg.tracking.uri, cfg.out)[0],
-                    type(exc).__name__, exc)
+                    type(exc).__name__, " ".join(str(exc).split()))  # SQLAlchemy's: 2 lines
         return tensorboard
     return TeeWriter(tensorboard, run, Path(cfg.out))
 

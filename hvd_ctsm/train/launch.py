@@ -24,7 +24,8 @@ from hvd_ctsm import distributed as dist
 from hvd_ctsm.config import ConfigError, TrainConfig, config_from_argv, config_yaml
 from hvd_ctsm.data.batches import shard_rows, split_url
 from hvd_ctsm.data.dataset_meta import read_metadata
-from hvd_ctsm.files import storage
+from hvd_ctsm.errors import AGAIN, DISK_FULL, NoSpaceError
+from hvd_ctsm.files import outputs, storage
 from hvd_ctsm.train import elastic_loop, faults
 from hvd_ctsm.train import loop as train
 from hvd_ctsm.train.run_folder import (check_out_folder, check_resume_matches, check_run_to_resume,
@@ -130,10 +131,23 @@ def run(cfg: TrainConfig, options: LaunchOptions | None = None) -> int:
             raise
         raise KeyboardInterrupt("interrupted; the same command with --resume goes on from the "
                                 f"last checkpoint in {cfg.out}") from None
+    except OSError as exc:  # a full disk: its line (hvd_ctsm.errors.run_cli), with the way on
+        if exc.errno not in DISK_FULL or options.elastic:
+            raise
+        # TensorBoard's and the logs' writes name no file: the run folder is where they go
+        raise NoSpaceError(exc, cfg.out, way_on_after_a_failure(Path(cfg.out))) from exc
     finally:
         if watcher:
             watcher.close()
     return 0
+
+
+def way_on_after_a_failure(out: Path) -> str:
+    """--resume goes on in a folder the run wrote to (without it, the command is refused
+    there); in one it left empty, --resume is refused and the same command starts again."""
+    if outputs.is_empty(out):
+        return AGAIN
+    return f"the same command with --resume goes on from the last checkpoint in {out}"
 
 
 def cli() -> None:

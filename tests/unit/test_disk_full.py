@@ -7,13 +7,66 @@ fills a real small filesystem under the commands."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import pytest
+
+from hvd_ctsm.errors import run_cli
 from hvd_ctsm.files import outputs
 from tests.conftest import REPO
+
+DEV_FULL = Path("/dev/full")  # every write to it fails with ENOSPC
+needs_dev_full = pytest.mark.skipif(not DEV_FULL.exists(), reason="no /dev/full (not Linux)")
+
+# What Spark 4 said when a split's files did not fit (its Py4J error, less the Java frames)
+SPARK_DISK_FULL = (
+    "An error occurred while calling o1163.parquet.\n: org.apache.spark.SparkException: "
+    "[TASK_WRITE_FAILED] Task failed while writing rows to file:/data/.my%20features.tmp-47f7c86c"
+    "/validation. SQLSTATE: 58030\n\tat org.apache.spark.sql.errors.QueryExecutionErrors$."
+    "taskFailedWhileWritingRowsError(QueryExecutionErrors.scala:823)\nCaused by: "
+    "org.apache.hadoop.fs.FSError: java.io.IOException: No space left on device")
+
+
+def fails_with(write):
+    def main(argv):
+        write()
+        return 0
+    return main
+
+
+def write_to_dev_full():
+    with open(DEV_FULL, "wb") as full:
+        full.write(b"x" * 10)
+
+
+def raise_spark_error():
+    raise RuntimeError(SPARK_DISK_FULL)
+
+
+def raise_as_a_copy_does():
+    """shutil.copyfile's error (deploy's copy into the registry): the source named first."""
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "run/model.pt", None,
+                  "registry/.staging-x/model.pt")
+
+
+@pytest.mark.parametrize("write, says", [
+    pytest.param(write_to_dev_full, "no space left on device while writing (the output's disk, "
+                 "or TMPDIR", marks=needs_dev_full),
+    (raise_as_a_copy_does, "no space left on device writing registry/.staging-x/model.pt:"),
+    (raise_spark_error, "no space left on device writing /data/my features/validation:")])
+def test_a_full_disk_is_one_line_naming_the_file_and_exit_3(capsys, write, says):
+    """It said "crashed: OSError: [Errno 28] No space left on device" without a file, or named
+    the copy's source; the feature job's was Java's stack trace on one line of 13,000
+    characters. The written file is named (a stage by the output it becomes), not the one read."""
+    assert run_cli(fails_with(write), "hvd-ctsm step", []) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"hvd-ctsm step: error: {says}"), err
+    assert "then run the command again" in err and "crashed" not in err and "run/model" not in err
 
 
 def in_a_subprocess_limited_to(max_bytes: int, code: str) -> subprocess.CompletedProcess:

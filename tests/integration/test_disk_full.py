@@ -1,0 +1,133 @@
+"""The steps on a disk that fills up while they write: a real small filesystem (tmpfs), filled
+to leave a chosen number of bytes, under the real commands. Mounting one needs root (CI runs
+as root); elsewhere these tests skip, and tests/unit/test_disk_full.py still runs.
+
+Each step ends in one line naming the file and the way on (exit 3), leaves no file cut short
+where a later run reads it and keeps the output it had; once there is room, the same command
+(training: with --resume) goes on."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_ctsm.errors import run_cli
+from hvd_ctsm.files import outputs
+from spark_jobs.build_features import main as features_main
+from tests.conftest import REPO
+
+PAGE = os.sysconf("SC_PAGE_SIZE")  # tmpfs counts what it holds in pages
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ")  # the trainer's logging
+
+
+class SmallDisk:
+    """A tmpfs of `size_mb` at `folder`; `leave(n)` fills it to leave n bytes free."""
+
+    def __init__(self, folder: Path, size_mb: int):
+        self.folder, self.filler = folder, folder / ".filler"
+        folder.mkdir()
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs",
+                                  str(folder)], capture_output=True, text=True)
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
+
+    def leave(self, free: int) -> None:
+        self.filler.unlink(missing_ok=True)
+        stat = os.statvfs(self.folder)
+        fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT)
+        try:
+            os.posix_fallocate(fd, 0, stat.f_bavail * stat.f_frsize - free)
+        finally:
+            os.close(fd)
+
+    def make_room(self) -> None:
+        self.filler.unlink()
+
+    def unmount(self) -> None:
+        if subprocess.run(["umount", str(self.folder)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(self.folder)])  # a child still in it
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    def make(size_mb: int) -> SmallDisk:
+        made.append(SmallDisk(tmp_path / f"disk{len(made)}", size_mb))
+        return made[-1]
+
+    made: list[SmallDisk] = []
+    yield make
+    for disk in made:
+        disk.unmount()
+
+
+def hvd_ctsm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hvd_ctsm", *args], capture_output=True,
+                          text=True, timeout=600, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+
+
+def said(stderr: str) -> list[str]:
+    """stderr less the trainer's log lines: what the command says to the user."""
+    return [line for line in stderr.splitlines() if not LOG_LINE.match(line)]
+
+
+SMALL_MODEL = ["--epochs", "2", "data.batch_size=16", "model.dim=32", "model.layers=1",
+               "checkpoint_every_steps=4", "progress=false", "tracking.enabled=false"]
+
+
+@pytest.mark.parametrize("free", [0, 2 * PAGE, 100 * PAGE],
+                         ids=["the-marker", "tensorboard", "a-later-checkpoint"])
+def test_training_on_a_full_disk_is_one_line_and_resume_goes_on(tiny_features, small_disk,
+                                                                 free):
+    """Before: "crashed: OSError: [Errno 28] No space left on device", naming no file; a marker
+    cut short (0 bytes) made every later run into the folder refused as not ours; TensorBoard's
+    writer thread printed "Exception in thread Thread-1:" into the line."""
+    disk = small_disk(16)
+    out = disk.folder / "run"
+    disk.leave(free)
+    failed = hvd_ctsm("train", "--data", str(tiny_features), "--out", str(out), *SMALL_MODEL)
+    assert failed.returncode == 3, failed.stderr[-3000:]
+    assert len(said(failed.stderr)) == 1, failed.stderr[-3000:]
+    line = said(failed.stderr)[0]
+    assert line.startswith(f"hvd-ctsm train: error: no space left on device writing {out}")
+    if outputs.is_empty(out):  # nothing written: --resume would be refused there
+        assert line.endswith("then run the command again")
+        flags = []
+    else:
+        assert outputs.marker(out)["kind"] == "run"
+        assert line.endswith(f"then the same command with --resume goes on from the last "
+                             f"checkpoint in {out}")
+        flags = ["--resume"]
+    disk.make_room()
+    resumed = hvd_ctsm("train", "--data", str(tiny_features), "--out", str(out), *flags,
+                       *SMALL_MODEL)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (out / "model.pt").is_file() and not list(out.rglob(".*.tmp"))
+
+
+@pytest.mark.spark
+@pytest.mark.both_stacks  # Spark's words for it differ between Spark 3.5 and 4
+def test_a_feature_job_overwriting_onto_a_full_disk_keeps_the_dataset(tiny_features,
+                                                                      small_disk, capsys):
+    """Before: Java's stack trace on one line of 13,000 characters ("crashed: Py4JJavaError")."""
+    disk = small_disk(8)
+    out = disk.folder / "features"
+    shutil.copytree(tiny_features, out)
+    before = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    disk.leave(20 * PAGE)
+    argv = ["--source", "synthetic:clients=160,items=60,events=6000,seed=12", "--out",
+            str(out), "--overwrite", "--max-len", "40", "--row-groups", "8"]
+    assert run_cli(features_main, "hvd-ctsm features", argv) == 3
+    ours = [line for line in capsys.readouterr().err.splitlines()
+            if line.startswith("hvd-ctsm features:")]
+    assert len(ours) == 1 and ours[0].startswith(
+        f"hvd-ctsm features: error: no space left on device writing {out}/"), ours
+    assert {str(p.relative_to(out)): p.read_bytes()
+            for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in disk.folder.iterdir()) == [".filler", "features"]
