@@ -26,6 +26,7 @@ from hvd_ctsm.config.model_config import ModelConfig
 from hvd_ctsm.config.sources import apply_overrides, as_override, preset_names, read_preset
 from hvd_ctsm.config.types import ConfigError, build, check, one_of
 from hvd_ctsm.errors import arg_parser
+from hvd_ctsm.files.atomic import atomic_write_bytes
 from hvd_ctsm.files.storage import location
 
 
@@ -313,7 +314,9 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
 
 
 def save_config(cfg: TrainConfig, path: Path) -> None:
-    path.write_text(config_yaml(cfg))
+    """Whole or not at all: a config.yaml cut short by a full disk was empty, and --resume
+    then trained on the defaults while saying it used the run's settings."""
+    atomic_write_bytes(Path(path), config_yaml(cfg).encode())
 
 
 def config_yaml(cfg: TrainConfig) -> str:

@@ -56,6 +56,11 @@ def resumed_settings(cfg: TrainConfig) -> Path | None:
     if storage.is_remote(cfg.out):
         return None
     saved = Path(cfg.out) / "config.yaml"
+    if saved.is_file() and not saved.read_text().strip():  # would be the defaults, silently
+        raise SystemExit(f"error: --resume: {saved} is empty (a write cut short, e.g. by a "
+                         "full disk), so the run's settings are unknown: give them as --config "
+                         "FILE (`hvd-ctsm train OVERRIDES --print-config > FILE` writes one), "
+                         "or remove the empty file to go on with the defaults and the overrides")
     return saved if saved.is_file() else None
 
 

@@ -106,3 +106,32 @@ def test_a_stage_whose_marker_cannot_be_written_is_not_left_behind(tmp_path):
     """)
     assert proc.returncode != 0 and "File too large" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_cut_short_keeps_the_one_before(tmp_path):
+    """config.yaml is written at every start, --resume's too: cut short it was empty, and
+    the next --resume trained on the defaults while saying it used the run's settings."""
+    from hvd_ctsm.config import load_config, save_config
+
+    saved = tmp_path / "config.yaml"
+    save_config(load_config(None, ["model.dim=32", "epochs=3"]), saved)
+    before = saved.read_bytes()
+    proc = in_a_subprocess_limited_to(100, f"""
+        from pathlib import Path
+        from hvd_ctsm.config import load_config, save_config
+        save_config(load_config(None, ["model.dim=32", "epochs=4"]), Path({str(saved)!r}))
+    """)
+    assert proc.returncode != 0 and str(saved) in proc.stderr  # the error names the file
+    assert saved.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]  # no temporary file left
+
+
+def test_resume_refuses_an_empty_config_rather_than_train_on_the_defaults(tmp_path):
+    """One left by an earlier version, or a copy cut short."""
+    from hvd_ctsm.train.launch import parse_command
+
+    run = tmp_path / "run"
+    outputs.claim(run, "run")
+    (run / "config.yaml").write_text("")
+    with pytest.raises(SystemExit, match=r"config.yaml is empty .* --config FILE"):
+        parse_command(["--data", str(tmp_path / "data"), "--out", str(run), "--resume"])
