@@ -5,7 +5,8 @@
 REGISTRY/v0001/ holds model.pt, config.yaml, metadata.json, vocab.json and backtest.json;
 REGISTRY/current names the deployed version; deploying what it holds again (the same model and
 report, byte for byte) makes no new version. A version folder appears whole or not at all (it is
-built under a temporary name and renamed), and `current` is replaced atomically. A report whose
+built under a temporary name and renamed), and `current` is replaced atomically (a version it
+could not be moved to, e.g. on a full disk, is removed again). A report whose
 gate did not pass, or that was made for another model file, is refused (exit code 1), and so is
 a version that would miss a file (exit code 1): metadata.json and vocab.json come from the
 report's dataset (a relative path is also tried from the report's folder). A model.pt that does
@@ -169,10 +170,22 @@ def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    verify_version(registry / version, files)
-    atomic_write_bytes(registry / outputs.CURRENT, f"{version}\n".encode())
+    point_current_at(registry, version, files)
     register_in_mlflow(model.parent, registry / version, report)
     return registry / version
+
+
+def point_current_at(registry: Path, version: str, files: dict[str, Path]) -> None:
+    """Check the new version, then move `current` to it. A version `current` never named is
+    removed again (this deploy made it): left there, one that a full disk kept `current` from
+    naming was never seen as deployed, and the next deploy made a copy of it beside it."""
+    try:
+        verify_version(registry / version, files)
+        atomic_write_bytes(registry / outputs.CURRENT, f"{version}\n".encode())
+    except BaseException:
+        if current(registry) != registry / version:  # (it failed after the rename: keep it)
+            shutil.rmtree(registry / version, ignore_errors=True)
+        raise
 
 
 def register_in_mlflow(run_folder: Path, version: Path, report: dict) -> None:

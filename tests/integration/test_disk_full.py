@@ -8,6 +8,8 @@ where a later run reads it and keeps the output it had; once there is room, the 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -109,6 +111,50 @@ def test_training_on_a_full_disk_is_one_line_and_resume_goes_on(tiny_features, s
                        *SMALL_MODEL)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (out / "model.pt").is_file() and not list(out.rglob(".*.tmp"))
+
+
+def fake_run(folder: Path, weights: bytes, data: Path) -> tuple[Path, Path]:
+    """A run deploy takes (it checks the files and the checksum, loads no model) and its
+    report whose gate passed."""
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(weights)
+    Path(f"{folder / 'model.pt'}.sha256").write_text(hashlib.sha256(weights).hexdigest())
+    (folder / "config.yaml").write_text("epochs: 1\n")
+    report = folder / "backtest.json"
+    report.write_text(json.dumps({"data": str(data), "model": {},
+                                  "gate": {"passed": True, "checks": []},
+                                  "model_sha256": hashlib.sha256(weights).hexdigest()}))
+    return folder, report
+
+
+@pytest.mark.slow  # subprocesses
+def test_a_deploy_whose_current_does_not_fit_leaves_the_registry_as_it_was(small_disk,
+                                                                            tmp_path):
+    """Before: the new version stayed, `current` still named the old one, exit 3 without a
+    file named; the next deploy then made a copy of it as one more version."""
+    data = tmp_path / "features"
+    data.mkdir()
+    (data / "metadata.json").write_text("{}")
+    (data / "vocab.json").write_text('{"items": []}')
+    disk = small_disk(1)
+    registry = disk.folder / "registry"
+    first = fake_run(tmp_path / "first", b"weights 1", data)
+    assert hvd_ctsm("deploy", "--model", str(first[0]), "--report", str(first[1]),
+                    "--registry", str(registry)).returncode == 0
+    second = fake_run(tmp_path / "second", b"weights 2", data)
+    disk.leave(6 * PAGE)  # the version's 6 small files fit; `current`, written after, does not
+    failed = hvd_ctsm("deploy", "--model", str(second[0]), "--report", str(second[1]),
+                      "--registry", str(registry))
+    assert failed.returncode == 3 and failed.stderr.count("\n") == 1, failed.stderr
+    assert failed.stderr.startswith(f"hvd-ctsm deploy: error: no space left on device writing "
+                                    f"{registry / 'current'}:")
+    assert sorted(p.name for p in registry.iterdir()) == [outputs.MARKER, "current", "v0001"]
+    assert (registry / "current").read_text() == "v0001\n"
+    disk.make_room()
+    again = hvd_ctsm("deploy", "--model", str(second[0]), "--report", str(second[1]),
+                     "--registry", str(registry))
+    assert again.returncode == 0, again.stderr
+    assert (registry / "current").read_text() == "v0002\n"
 
 
 @pytest.mark.spark
