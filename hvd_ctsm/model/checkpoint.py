@@ -174,8 +174,13 @@ class CheckpointManager:
 
     def _copy_atomic(self, src: Path, dst: Path) -> None:
         tmp = dst.with_name(f".{dst.name}.tmp")
-        shutil.copyfile(src, tmp)
-        shutil.copyfile(f"{src}.sha256", f"{tmp}.sha256")
+        try:
+            shutil.copyfile(src, tmp)
+            shutil.copyfile(f"{src}.sha256", f"{tmp}.sha256")
+        except OSError as exc:  # a full disk: the part copied held the space a resume needs
+            tmp.unlink(missing_ok=True)
+            Path(f"{tmp}.sha256").unlink(missing_ok=True)
+            raise OSError(exc.errno, exc.strerror, str(dst)) from exc  # not our temporary name
         Path(f"{dst}.sha256").unlink(missing_ok=True)  # as in save_state: never a stale checksum
         os.replace(tmp, dst)
         os.replace(f"{tmp}.sha256", f"{dst}.sha256")

@@ -113,6 +113,28 @@ def test_training_on_a_full_disk_is_one_line_and_resume_goes_on(tiny_features, s
     assert (out / "model.pt").is_file() and not list(out.rglob(".*.tmp"))
 
 
+@pytest.mark.slow  # it mounts a filesystem: the integration tier
+def test_a_best_checkpoint_that_does_not_fit_leaves_no_partial_copy(small_disk):
+    """Before: its temporary copy (up to a checkpoint's size) stayed on the full disk until
+    the next save, which a resume with nothing left to train never makes, and the error named
+    that temporary file."""
+    import torch
+
+    from hvd_ctsm.model.checkpoint import CheckpointManager, load_state
+
+    disk = small_disk(1)
+    checkpoints = CheckpointManager(disk.folder / "checkpoints", keep=2)
+    checkpoints.folder.mkdir()
+    state = {"model": torch.arange(20000, dtype=torch.float32)}  # 20 pages and a bit
+    disk.leave((21 + 1 + 1) * PAGE)  # the step and its checksum fit; best.pt's copy does not
+    with pytest.raises(OSError) as full:
+        checkpoints.save(state, 4, is_best=True)
+    assert full.value.filename == str(checkpoints.folder / "best.pt")
+    assert sorted(p.name for p in checkpoints.folder.iterdir()) == [
+        "step-000000004.pt", "step-000000004.pt.sha256"]
+    assert torch.equal(load_state(checkpoints.path_for(4))["model"], state["model"])
+
+
 def fake_run(folder: Path, weights: bytes, data: Path) -> tuple[Path, Path]:
     """A run deploy takes (it checks the files and the checksum, loads no model) and its
     report whose gate passed."""
