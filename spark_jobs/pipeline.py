@@ -22,8 +22,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hvd_ctsm.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, exit_code_for,
-                             run_cli)
+from hvd_ctsm.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, disk_full,
+                             exit_code_for, run_cli)
 from hvd_ctsm.files.storage import check_local, location
 from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP
 
@@ -137,7 +137,9 @@ def _earlier_work(work: Path, registry: Path | None) -> bool:
 
 class StepFailed(RuntimeError):
     def __init__(self, step: str, error: BaseException):
-        super().__init__(f"step {step!r} failed: {type(error).__name__}: {error}")
+        # a full disk is its one line (the feature job's was Java's trace, 166 lines)
+        said = disk_full(error) or f"{type(error).__name__}: {error}"
+        super().__init__(f"step {step!r} failed: {said}")
         self.step = step
         self.exit_code = exit_code_for(error)
 

@@ -69,6 +69,17 @@ def test_a_full_disk_is_one_line_naming_the_file_and_exit_3(capsys, write, says)
     assert "then run the command again" in err and "crashed" not in err and "run/model" not in err
 
 
+def test_a_pipeline_step_on_a_full_disk_is_one_line():
+    """The pipeline printed the feature job's Py4J error as it came: 166 lines of Java."""
+    from spark_jobs.pipeline import StepFailed
+
+    failed = StepFailed("features", RuntimeError(SPARK_DISK_FULL))
+    assert str(failed) == ("step 'features' failed: no space left on device writing /data/my "
+                           "features/validation: free space on its disk (df -h shows how much) "
+                           "or write elsewhere, then run the command again")
+    assert failed.exit_code == 3
+
+
 def in_a_subprocess_limited_to(max_bytes: int, code: str) -> subprocess.CompletedProcess:
     """Run `code` where no file may grow past `max_bytes`: a write past it fails (EFBIG) as a
     write to a full disk does, after the bytes that fit."""
