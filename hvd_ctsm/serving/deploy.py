@@ -12,7 +12,9 @@ a version that would miss a file (exit code 1): metadata.json and vocab.json com
 report's dataset (a relative path is also tried from the report's folder). A model.pt that does
 not match its model.pt.sha256 (or has none), a --report that is not a backtest report and a
 --registry that is a file, an input or another kind of output are bad input (exit code 2). The
-copy is checked against its sources before `current` moves. Exit codes: hvd_ctsm/errors.py.
+copy is checked against its sources before `current` moves. Deploys into one registry take
+turns (REGISTRY/.deploy.lock): each version gets its own number and `current` names the last one
+published. Exit codes: hvd_ctsm/errors.py.
 
 When the model's run was tracked in MLflow (RUN/mlflow_run.json, hvd_ctsm.tracking), the version
 is also registered there as a version of the registered model tracking.registered_model (pyfunc
@@ -22,11 +24,13 @@ registry stays the offline fallback: scoring and --warm-start read it, with or w
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from hvd_ctsm import tracking
@@ -140,13 +144,48 @@ def check_registry(registry: Path, inputs) -> None:
                                         f"{kind} output, not a registry; pick another --registry")
     # A folder of the user's files was marked a registry and got v0001 beside them. (A registry
     # from before registries were marked holds versions: it is taken.)
-    if record is None and not outputs.is_empty(registry) and not any(registry.glob("v[0-9]*")):
+    if record is None and not holds_only_ours(registry) and not any(registry.glob("v[0-9]*")):
         raise outputs.UnsafeOutputError(f"refusing to deploy into {registry}: it holds files "
                                         "deploy did not write; pick a new folder for the "
                                         "registry, or one deploy made")
 
 
+LOCK = ".deploy.lock"  # flocked by the deploy that is numbering, publishing and pointing `current`
+
+
+def holds_only_ours(registry: Path) -> bool:
+    """Nothing but what deploy makes before a version: its lock, and its marker (which another
+    deploy may be writing right now, so that it reads as no marker)."""
+    try:
+        return all(p.name in (outputs.MARKER, LOCK) for p in registry.iterdir())
+    except FileNotFoundError:
+        return True
+
+
+@contextmanager
+def registry_lock(registry: Path):
+    """One deploy at a time in `registry`. Two at once both took the same next vNNNN (the second
+    crashed on the rename) or wrote `current` in the order they finished, so that it could name
+    the older version. The kernel drops a flock when its holder dies (kill -9 too): a killed
+    deploy never leaves the registry locked."""
+    with open(registry / LOCK, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another deploy into {registry} to finish", file=sys.stderr)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
 def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path) -> Path:
+    """The version `registry`'s `current` names after deploying (see deploy_version)."""
+    return deploy_version(model_path, report_path, registry)[0]
+
+
+def deploy_version(model_path: str | Path, report_path: str | Path,
+                   registry: str | Path) -> tuple[Path, bool]:
+    """(the deployed version, whether this call published it): a model and report that
+    `current` holds already, checked under the lock, make no new version."""
     model = whole_model(model_path)
     report_path = Path(report_path)
     report = read_report(report_path)
@@ -154,25 +193,32 @@ def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path
     files = version_files(model, report, report_path)
     registry = Path(registry)
     check_registry(registry, (model.parent, report_data_dir(report, report_path)))
-    deployed = current(registry)
-    if deployed is not None and holds(deployed, files):  # deployed again: nothing new
-        return deployed
     registry.mkdir(parents=True, exist_ok=True)
-    if outputs.marker(registry) is None and not any(registry.glob("v[0-9]*")):
-        outputs.mark(registry, "registry")
+    with registry_lock(registry):
+        deployed = current(registry)
+        if deployed is not None and holds(deployed, files):  # deployed again: nothing new
+            return deployed, False
+        if outputs.marker(registry) is None and not any(registry.glob("v[0-9]*")):
+            outputs.mark(registry, "registry")
+        version = publish_version(registry, files)
+        register_in_mlflow(model.parent, version, report)  # champion moves in `current`'s order
+    return version, True
+
+
+def publish_version(registry: Path, files: dict[str, Path]) -> Path:
+    """Copy `files` into the registry's next version, check it, and point `current` at it."""
     staging = Path(tempfile.mkdtemp(dir=registry, prefix=".staging-"))
     try:
         set_mode(staging, FOLDER_MODE)  # the version: as mkdir makes it, not mkdtemp's 0o700
         for name, src in files.items():
             shutil.copyfile(src, staging / name)
-        version = next_version(registry)
-        os.replace(staging, registry / version)
+        version = registry / next_version(registry)
+        os.replace(staging, version)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    point_current_at(registry, version, files)
-    register_in_mlflow(model.parent, registry / version, report)
-    return registry / version
+    point_current_at(registry, version.name, files)
+    return version
 
 
 def point_current_at(registry: Path, version: str, files: dict[str, Path]) -> None:
@@ -226,17 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     for option in ("model", "report", "registry"):  # each is read or written as a local path
         check_local(getattr(args, option), f"--{option}")
-    before = current(args.registry) if Path(args.registry).is_dir() else None
     try:
-        path = deploy(args.model, args.report, args.registry)
+        path, published = deploy_version(args.model, args.report, args.registry)
     except DeployRefused as exc:
         print(exc, file=sys.stderr)
         return 1
-    if path == before:
+    if published:
+        print(f"deployed {path} (current -> {path.name})")
+    else:
         print(f"already deployed: {path} holds this model and report (current -> {path.name}); "
               "no new version")
-    else:
-        print(f"deployed {path} (current -> {path.name})")
     return 0
 
 

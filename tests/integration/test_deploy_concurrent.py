@@ -1,0 +1,86 @@
+"""Deploys that overlap or are killed, as scheduled jobs' do: real `hvd-ctsm deploy` processes
+into one registry. The unit-tier deploy tests are in tests/unit/test_deploy_complete.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hvd_ctsm.serving import deploy
+from tests.conftest import REPO
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}  # the checkout's hvd_ctsm, from any folder
+MODEL_BYTES = 8 << 20  # copying and checking it takes long enough for deploys to overlap
+
+
+def gated_run(root: Path, name: str, size: int = MODEL_BYTES) -> Path:
+    """A run folder whose model (distinct bytes per name) passed its gate, with its dataset's
+    metadata and vocabulary beside it."""
+    features = root / "features"
+    features.mkdir(parents=True, exist_ok=True)
+    (features / "metadata.json").write_text("{}")
+    (features / "vocab.json").write_text('{"items": []}')
+    run = root / name
+    run.mkdir()
+    weights = name.encode() * (size // len(name))
+    digest = hashlib.sha256(weights).hexdigest()
+    (run / "model.pt").write_bytes(weights)
+    (run / "model.pt.sha256").write_text(digest)
+    (run / "config.yaml").write_text("epochs: 1\n")
+    (run / "backtest.json").write_text(json.dumps(
+        {"data": str(features), "split": "test", "model": {}, "model_sha256": digest,
+         "gate": {"passed": True, "checks": []}}))
+    return run
+
+
+def deploy_command(run: Path, registry: Path) -> list[str]:
+    return ["--model", str(run), "--report", str(run / "backtest.json"), "--registry",
+            str(registry)]
+
+
+def deploy_together(runs: list[Path], registry: Path, go: Path) -> list[tuple[int, str, str]]:
+    """One deploy process per run, each released at once when every one has started: each
+    one's (exit code, stdout, stderr)."""
+    procs = [subprocess.Popen([sys.executable, str(REPO / "tests/helpers/deploy_at_once.py"),
+                               str(go), *deploy_command(run, registry)], cwd=REPO,
+                              env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for run in runs]
+    deadline = time.monotonic() + 120
+    while len(list(go.parent.glob("ready-*"))) < len(procs) and time.monotonic() < deadline:
+        time.sleep(0.01)  # their imports
+    go.touch()
+    ended = [(proc, *proc.communicate(timeout=120)) for proc in procs]
+    for ready in [go, *go.parent.glob("ready-*")]:
+        ready.unlink()
+    return [(proc.returncode, out, err) for proc, out, err in ended]
+
+
+def versions(registry: Path) -> list[str]:
+    return sorted(p.name for p in registry.glob("v[0-9]*"))
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_deploys_at_the_same_moment_each_publish_and_current_names_the_newest(tmp_path):
+    """Before: two deploys took the same next vNNNN (the second crashed on the rename, exit 3)
+    or wrote `current` in the order they finished, so that it named an older version."""
+    registry = tmp_path / "registry"
+    for round_ in range(6):
+        runs = [gated_run(tmp_path, f"run-{round_}-{i}") for i in range(4)]
+        before = versions(registry) if registry.exists() else []
+        for code, out, err in deploy_together(runs, registry, tmp_path / "go"):
+            assert code == 0 and out.startswith("deployed "), f"round {round_}: {err}"
+        new = sorted(set(versions(registry)) - set(before))
+        assert len(new) == len(runs), f"round {round_}: {new}"
+        assert deploy.current(registry).name == versions(registry)[-1], f"round {round_}"
+        digests = {(registry / v / "model.pt.sha256").read_text() for v in new}
+        assert digests == {(run / "model.pt.sha256").read_text() for run in runs}
+        assert not list(registry.glob(".staging-*"))
