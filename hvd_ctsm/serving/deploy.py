@@ -177,6 +177,16 @@ def registry_lock(registry: Path):
         yield  # closing the file releases the lock
 
 
+def remove_unfinished(registry: Path) -> None:
+    """Stages and `current` temporaries of deploys killed before they finished: under the lock
+    no other deploy is writing, so any found belong to a dead one (each a partial model copy)."""
+    for leftover in [*registry.glob(".staging-*"), *registry.glob(f".{outputs.CURRENT}.*.tmp")]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+
+
 def deploy(model_path: str | Path, report_path: str | Path, registry: str | Path) -> Path:
     """The version `registry`'s `current` names after deploying (see deploy_version)."""
     return deploy_version(model_path, report_path, registry)[0]
@@ -200,6 +210,7 @@ def deploy_version(model_path: str | Path, report_path: str | Path,
             return deployed, False
         if outputs.marker(registry) is None and not any(registry.glob("v[0-9]*")):
             outputs.mark(registry, "registry")
+        remove_unfinished(registry)
         version = publish_version(registry, files)
         register_in_mlflow(model.parent, version, report)  # champion moves in `current`'s order
     return version, True

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -84,3 +85,33 @@ def test_deploys_at_the_same_moment_each_publish_and_current_names_the_newest(tm
         digests = {(registry / v / "model.pt.sha256").read_text() for v in new}
         assert digests == {(run / "model.pt.sha256").read_text() for run in runs}
         assert not list(registry.glob(".staging-*"))
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_a_deploy_killed_mid_copy_leaves_a_stage_the_next_deploy_removes(tmp_path):
+    """Before: every deploy killed while it copied left its partial copy (.staging-*) in the
+    registry for good; nothing read it, but each held up to a model's size."""
+    run = gated_run(tmp_path, "run", size=128 << 20)  # a copy long enough to be killed in
+    left = []
+    for attempt in range(5):  # the kill may land after the copy: try again, in a new registry
+        registry = tmp_path / f"registry-{attempt}"
+        proc = subprocess.Popen([sys.executable, "-m", "hvd_ctsm", "deploy",
+                                 *deploy_command(run, registry)], cwd=REPO,
+                                env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while proc.poll() is None and not list(registry.glob(".staging-*")):
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        left = list(registry.glob(".staging-*"))
+        if left:
+            break
+    assert left, "no deploy was killed while it copied"
+    done = subprocess.run([sys.executable, "-m", "hvd_ctsm", "deploy",
+                           *deploy_command(run, registry)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=ENV)
+    assert done.returncode == 0, done.stderr
+    assert not list(registry.glob(".staging-*"))
+    deployed = deploy.current(registry) / "model.pt"
+    assert deployed.read_bytes() == (run / "model.pt").read_bytes()
