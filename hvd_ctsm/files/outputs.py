@@ -10,6 +10,7 @@ of one. Standard library only (the Spark job imports it without torch).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -159,9 +160,12 @@ def check_replaceable(out: str | Path, kind: str, inputs: Iterable[str | Path | 
     check_not_an_input(out, inputs)
     check_not_inside_a_whole(out)
     out = Path(out)
-    if not out.exists() or (out.is_dir() and is_empty(out)):
-        return
-    record = marker(out)
+    for _ in range(3):  # OUT swapped by another job (outputs.publish) meanwhile: look again
+        if not out.exists() or (out.is_dir() and is_empty(out)):
+            return
+        record = marker(out)
+        if record is not None:
+            break
     if record is None:
         raise UnsafeOutputError(
             f"refusing to write to {out}: it was not written by hvd_ctsm (no {MARKER} in it); "
@@ -241,17 +245,53 @@ def staging_dir(out: Path, overwrite: bool, kind: str = "features", inputs=()) -
     return stage
 
 
-def publish(stage: Path, out: Path) -> None:
+def publish(stage: Path, out: Path, overwrite: bool = True) -> None:
     """Move the finished output into place; an old output is removed only after the swap. A
-    Ctrl-C meanwhile waits for the swap: between its two renames OUT is nowhere."""
+    Ctrl-C meanwhile waits for the swap: between its two renames OUT is nowhere.
+
+    Another job may have published the same OUT since this one was checked (overlapping runs of
+    a scheduled command): without `overwrite` its output stays and this one is refused (before,
+    it was replaced all the same); with it, the last swap wins. Either way, one job's output
+    landing between the other's two renames made that rename fail (crashed, "Directory not
+    empty"), and one moving OUT aside just before the other did made that one fail ("OUT not
+    found"): the swap is now tried again."""
     with ctrl_c_deferred():
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(out, old)
-        os.replace(stage, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        for _ in range(SWAP_TRIES):
+            if out.exists() and not overwrite:
+                raise OutputExistsError(
+                    f"output {out} was written by another job while this one ran; it is kept "
+                    "and this job's output dropped: pass --overwrite to replace it, or pick "
+                    "another --out")
+            old = _move_aside(out) if overwrite else None  # else: what landed is refused
+            try:
+                os.replace(stage, out)
+            except OSError as exc:  # another error keeps the old output aside, as it was
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+            else:
+                _remove_old(old)
+                return
+            _remove_old(old)  # OUT, which another job filled meanwhile, is replaced next try
+        raise OutputExistsError(f"output {out} kept being replaced by other jobs while this one "
+                                "tried to publish; run one job for an --out at a time")
+
+
+SWAP_TRIES = 10  # another job publishing the same OUT between our renames: try again
+
+
+def _move_aside(out: Path) -> Path | None:
+    """Rename `out` to a temporary sibling for removal; None when there is none (any more)."""
+    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+    try:
+        os.replace(out, old)
+    except FileNotFoundError:  # absent, or another job moved it aside meanwhile
+        return None
+    return old
+
+
+def _remove_old(old: Path | None) -> None:
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager
@@ -280,12 +320,13 @@ def discard(stage: Path) -> None:
 def staged(out: str | Path, overwrite: bool, kind: str, inputs=()) -> Iterator[Path]:
     """Build an output in a stage (`staging_dir`, checked before any work), then publish it.
 
-    The body writes into the yielded folder; on a normal exit it replaces `out`, and on any
-    exception (a failure, Ctrl-C) the stage is discarded and `out` is left as it was."""
+    The body writes into the yielded folder; on a normal exit it replaces `out` (publish), and
+    on any exception (a failure, Ctrl-C, a refused publish) the stage is discarded and `out` is
+    left as it was."""
     stage = staging_dir(Path(out), overwrite, kind, inputs)
     try:
         yield stage
+        publish(stage, Path(out), overwrite)
     except BaseException:
-        discard(stage)
+        discard(stage)  # gone already when published
         raise
-    publish(stage, Path(out))
