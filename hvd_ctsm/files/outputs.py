@@ -184,13 +184,17 @@ def is_empty(folder: Path) -> bool:
         return True
 
 
-def remove_ours(folder: Path) -> None:
+def remove_ours(folder: Path, keep_folder: bool = False) -> None:
     """Remove a folder check_replaceable allowed, its marker last: other ranks checking it
-    meanwhile still see it as ours until nothing else is left."""
+    meanwhile still see it as ours until nothing else is left. `keep_folder`: empty it only
+    (a training run holds its lock on the folder itself)."""
     for child in Path(folder).iterdir():
         if child.name != MARKER:
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-    shutil.rmtree(folder)
+    if keep_folder:
+        (Path(folder) / MARKER).unlink(missing_ok=True)
+    else:
+        shutil.rmtree(folder)
 
 
 def _still_running(record: dict) -> bool:

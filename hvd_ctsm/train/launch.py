@@ -29,7 +29,8 @@ from hvd_ctsm.files import outputs, storage
 from hvd_ctsm.train import elastic_loop, faults
 from hvd_ctsm.train import loop as train
 from hvd_ctsm.train.run_folder import (check_out_folder, check_resume_matches, check_run_to_resume,
-                                       check_warm_start_matches, resumed_settings)
+                                       check_warm_start_matches, release_run_folder,
+                                       resumed_settings)
 from hvd_ctsm.train.support import check_launch, note_restart
 
 
@@ -85,7 +86,8 @@ def check_run_folder(cfg: TrainConfig, options: LaunchOptions, resume: bool,
         check_warm_start_matches(options.init_from, cfg)
     if not options.elastic or dist.launch_rank() == 0:
         inputs = [cfg.data.path, options.init_from]  # --overwrite removed a warm start's model
-        check_out_folder(Path(cfg.out), resume, options.overwrite, inputs, remove=remove)
+        check_out_folder(Path(cfg.out), resume, options.overwrite, inputs, remove=remove,
+                         hold=not options.elastic)  # elastic workers come and go
         # Workers torchrun restarts resume too, in a run that may not have checkpointed yet.
         if options.resume and not dist.restarted_by_launcher():
             check_run_to_resume(cfg.out)
@@ -107,6 +109,14 @@ def run(cfg: TrainConfig, options: LaunchOptions | None = None) -> int:
     # torchrun --max-restarts starts every worker again after one failed: they go on from the
     # latest checkpoint, as `--resume` would.
     resume = options.resume or dist.restarted_by_launcher()
+    try:  # the run folder is held from its check on (run_folder.hold_run_folder)
+        return checked_run(cfg, options, resume)
+    finally:
+        release_run_folder(Path(cfg.out))
+
+
+def checked_run(cfg: TrainConfig, options: LaunchOptions, resume: bool) -> int:
+    """run's checks of the run folder, then the training (or, with --check, nothing more)."""
     # An elastic job starts workers later too (replacements, rejoins): only the first rank 0
     # checks the run folder; the others join whatever run it holds.
     check_run_folder(cfg, options, resume, remove=not options.check)

@@ -1,13 +1,16 @@
 """The trainer's run folder and the model it continues: what --overwrite may remove, what
 --resume may continue and what --init-from may warm-start.
 
-Checked in `main`, before any worker starts Horovod and before the folder is created.
+Checked in `main`, before any worker starts Horovod and before anything is written in the
+folder; the rank that writes it holds it from then to the run's end (hold_run_folder).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from hvd_ctsm.config import TrainConfig, as_override, to_dict
@@ -20,23 +23,70 @@ from hvd_ctsm.model.checkpoint import load_state, model_file
 
 
 def check_out_folder(out: Path, resume: bool, overwrite: bool, inputs: list,
-                     remove: bool = True) -> None:
+                     remove: bool = True, hold: bool = True) -> None:
     """A new run never mixes its checkpoints and logs with an earlier run's, and --overwrite
     removes only a run folder we wrote (hvd_ctsm.files.outputs), never an input (the dataset,
     the model it warm-starts from) or a folder holding one. A folder we did not write is refused
     whatever the flags: --resume into it would mark it ours, and a later --overwrite remove its
-    files. `remove=False` checks only (--check)."""
+    files. A folder another run is training in is refused too (hold_run_folder); with `hold`,
+    the rank that removes holds it for this run. `remove=False` checks only (--check)."""
     try:
         outputs.check_replaceable(out, "run", inputs)
-        if resume or outputs.is_empty(out):
-            return
-        if not overwrite:
-            raise SystemExit(f"error: {out} already holds a run: pass --resume to continue it "
-                             "or --overwrite to start afresh")
     except outputs.UnsafeOutputError as exc:
         raise SystemExit(f"error: {exc}") from exc
-    if remove and launch_rank() == 0:  # every rank checks; one removes
-        outputs.remove_ours(out)
+    writer = remove and launch_rank() == 0  # every rank checks; one removes and writes
+    if launch_rank() == 0:  # the other ranks' own rank 0 holds it
+        hold_run_folder(out, until_released=writer and hold)
+    if resume or outputs.is_empty(out):
+        return
+    if not overwrite:
+        raise SystemExit(f"error: {out} already holds a run: pass --resume to continue it "
+                         "or --overwrite to start afresh")
+    if writer:  # the folder itself stays: it is what this run holds
+        outputs.remove_ours(out, keep_folder=True)
+
+
+HELD: dict[Path, tuple[int, bool]] = {}  # run folder -> (its lock's descriptor, made here)
+
+
+def hold_run_folder(out: Path, until_released: bool) -> None:
+    """Refuse a run folder another `train` is writing now; `until_released`: hold it for this
+    run (flock on the folder itself, made if need be: no file is added, and the kernel drops the
+    lock when the process dies, kill -9 too), else only look. Before, a second `train` into it
+    ran beside the first (checkpoints, logs and MLflow link mixed, both exit 0), and --overwrite
+    emptied the folder under it. A file system without flock on folders goes unguarded."""
+    made = not out.exists()
+    if made and not until_released:
+        return  # nobody trains in a folder that is not there; a check makes nothing
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SystemExit(f"error: another `train` is writing {out} now: wait for it to end "
+                         "(--resume then goes on from its checkpoints), or train into another "
+                         "--out") from None
+    except OSError:
+        pass
+    if until_released:
+        HELD[out] = (fd, made)
+    else:
+        os.close(fd)  # only looked: the lock goes with the descriptor
+
+
+def release_run_folder(out: Path) -> None:
+    """Let other runs into `out` (hold_run_folder), at the end of this run; the folder goes
+    too when this run made it and wrote nothing in it (it stopped before training)."""
+    fd, made = HELD.pop(Path(out), (None, False))
+    if fd is None:
+        return
+    os.close(fd)
+    if made:
+        try:
+            Path(out).rmdir()
+        except OSError:  # not empty: the run's files
+            pass
 
 
 def check_run_to_resume(out: str) -> None:
