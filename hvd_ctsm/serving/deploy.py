@@ -155,9 +155,13 @@ LOCK = ".deploy.lock"  # flocked by the deploy that is numbering, publishing and
 
 def holds_only_ours(registry: Path) -> bool:
     """Nothing but what deploy makes before a version: its lock, and its marker (which another
-    deploy may be writing right now, so that it reads as no marker)."""
+    deploy may be writing right now, so that it reads as no marker, and its temporary file
+    is there)."""
+    marker_temp = f".{outputs.MARKER}."  # atomic_write_bytes' .NAME.*.tmp
     try:
-        return all(p.name in (outputs.MARKER, LOCK) for p in registry.iterdir())
+        return all(p.name in (outputs.MARKER, LOCK)
+                   or (p.name.startswith(marker_temp) and p.name.endswith(".tmp"))
+                   for p in registry.iterdir())
     except FileNotFoundError:
         return True
 
