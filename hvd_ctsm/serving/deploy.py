@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hvd_ctsm import tracking
-from hvd_ctsm.errors import arg_parser
+from hvd_ctsm.errors import DISK_FULL, arg_parser
 from hvd_ctsm.evaluation.gate import read_report
 from hvd_ctsm.files import outputs
 from hvd_ctsm.files.atomic import FOLDER_MODE, atomic_write_bytes, set_mode
@@ -171,14 +171,18 @@ def registry_lock(registry: Path):
     """One deploy at a time in `registry`. Two at once both took the same next vNNNN (the second
     crashed on the rename) or wrote `current` in the order they finished, so that it could name
     the older version. The kernel drops a flock when its holder dies (kill -9 too): a killed
-    deploy never leaves the registry locked."""
-    with open(registry / LOCK, "a") as lock:
+    deploy never leaves the registry locked. Opened to read (a flock needs no more): a team's
+    shared registry takes the lock file the first deployer made, in that user's umask."""
+    lock = os.open(registry / LOCK, os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             print(f"waiting for another deploy into {registry} to finish", file=sys.stderr)
             fcntl.flock(lock, fcntl.LOCK_EX)
-        yield  # closing the file releases the lock
+        yield
+    finally:
+        os.close(lock)  # releases the lock
 
 
 def remove_unfinished(registry: Path) -> None:
@@ -207,10 +211,13 @@ def deploy_version(model_path: str | Path, report_path: str | Path,
     files = version_files(model, report, report_path)
     registry = Path(registry)
     check_registry(registry, (model.parent, report_data_dir(report, report_path)))
+    deployed = current(registry) if registry.is_dir() else None
+    if deployed is not None and holds(deployed, files):  # deployed again: nothing new (a
+        return deployed, False  # registry the user may only read says so, as before the lock)
     registry.mkdir(parents=True, exist_ok=True)
     with registry_lock(registry):
         deployed = current(registry)
-        if deployed is not None and holds(deployed, files):  # deployed again: nothing new
+        if deployed is not None and holds(deployed, files):  # another deploy of it, meanwhile
             return deployed, False
         if outputs.marker(registry) is None and not any(registry.glob("v[0-9]*")):
             outputs.mark(registry, "registry")
@@ -222,12 +229,17 @@ def deploy_version(model_path: str | Path, report_path: str | Path,
 
 def publish_version(registry: Path, files: dict[str, Path]) -> Path:
     """Copy `files` into the registry's next version, check it, and point `current` at it."""
+    version = registry / next_version(registry)  # under the lock: no other deploy takes it
     staging = Path(tempfile.mkdtemp(dir=registry, prefix=".staging-"))
     try:
         set_mode(staging, FOLDER_MODE)  # the version: as mkdir makes it, not mkdtemp's 0o700
         for name, src in files.items():
-            shutil.copyfile(src, staging / name)
-        version = registry / next_version(registry)
+            try:
+                shutil.copyfile(src, staging / name)
+            except OSError as exc:  # a full disk: named as the version's file, not the stage's
+                if exc.errno not in DISK_FULL:
+                    raise
+                raise OSError(exc.errno, exc.strerror, str(version / name)) from exc
         os.replace(staging, version)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -3,17 +3,20 @@ into one registry. The unit-tier deploy tests are in tests/unit/test_deploy_comp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from hvd_ctsm.errors import run_cli
 from hvd_ctsm.serving import deploy
 from tests.conftest import REPO
 
@@ -115,3 +118,55 @@ def test_a_deploy_killed_mid_copy_leaves_a_stage_the_next_deploy_removes(tmp_pat
     assert not list(registry.glob(".staging-*"))
     deployed = deploy.current(registry) / "model.pt"
     assert deployed.read_bytes() == (run / "model.pt").read_bytes()
+
+
+@pytest.fixture
+def shared_folder():
+    """A folder every user may enter (pytest's own are the owner's only), removed after."""
+    with tempfile.TemporaryDirectory(prefix="hvd-ctsm-team-") as folder:
+        os.chmod(folder, 0o777)
+        yield Path(folder)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="deploys as another user: needs root to switch")
+def test_a_shared_registry_takes_a_second_users_deploy(shared_folder):
+    """A team's registry (a folder the team may write): the deploy lock file the first deployer
+    made (mode 0644 by its umask) was opened to write, so another user's deploy stopped on
+    'permission denied' (exit 2); and deploying again what `current` holds, into a registry the
+    user may only read, no longer said 'already deployed' (exit 0)."""
+    first = gated_run(shared_folder, "first", 4096)
+    second = gated_run(shared_folder, "second", 4096)
+    registry = shared_folder / "registry"
+    old_umask = os.umask(0o022)  # as most users have it
+    try:
+        assert deploy.main(deploy_command(first, registry)) == 0
+    finally:
+        os.umask(old_umask)
+    assert (registry / deploy.LOCK).stat().st_mode & 0o777 == 0o644
+    said = shared_folder / "said"
+
+    def as_another_user(run: Path) -> tuple[int, str]:
+        """The deploy command in a forked child that is user nobody: this interpreter's own
+        files need not be theirs to read (a venv in root's home is not)."""
+        said.write_text("")
+        os.chmod(said, 0o666)
+        pid = os.fork()
+        if pid == 0:  # the child: never back into pytest
+            code = 3
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                with open(said, "w") as out, contextlib.redirect_stdout(out), \
+                        contextlib.redirect_stderr(out):
+                    code = run_cli(deploy.main, "hvd-ctsm deploy", deploy_command(run, registry))
+            finally:
+                os._exit(code)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), said.read_text()
+
+    code, out = as_another_user(first)  # the registry as the first deployer left it
+    assert code == 0 and out.startswith("already deployed"), out
+    os.chmod(registry, 0o777)  # the team's to write
+    code, out = as_another_user(second)
+    assert code == 0 and out.startswith("deployed"), out
+    assert (registry / "current").read_text() == "v0002\n"
