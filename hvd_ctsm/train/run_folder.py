@@ -30,12 +30,14 @@ def check_out_folder(out: Path, resume: bool, overwrite: bool, inputs: list,
     whatever the flags: --resume into it would mark it ours, and a later --overwrite remove its
     files. A folder another run is training in is refused too (hold_run_folder); with `hold`,
     the rank that removes holds it for this run. `remove=False` checks only (--check)."""
+    writer = remove and launch_rank() == 0  # every rank checks; one removes and writes
+    if launch_rank() == 0 and out.exists():  # first: a folder a run is writing now is said so
+        hold_run_folder(out, until_released=writer and hold)
     try:
         outputs.check_replaceable(out, "run", inputs)
     except outputs.UnsafeOutputError as exc:
         raise SystemExit(f"error: {exc}") from exc
-    writer = remove and launch_rank() == 0  # every rank checks; one removes and writes
-    if launch_rank() == 0:  # the other ranks' own rank 0 holds it
+    if launch_rank() == 0 and out not in HELD:  # the other ranks' own rank 0 holds it
         hold_run_folder(out, until_released=writer and hold)
     if resume or outputs.is_empty(out):
         return
@@ -46,7 +48,7 @@ def check_out_folder(out: Path, resume: bool, overwrite: bool, inputs: list,
         outputs.remove_ours(out, keep_folder=True)
 
 
-HELD: dict[Path, tuple[int, bool]] = {}  # run folder -> (its lock's descriptor, made here)
+HELD: dict[Path, tuple[int, Path | None]] = {}  # run folder -> (its lock, the top folder made)
 
 
 def hold_run_folder(out: Path, until_released: bool) -> None:
@@ -55,8 +57,8 @@ def hold_run_folder(out: Path, until_released: bool) -> None:
     lock when the process dies, kill -9 too), else only look. Before, a second `train` into it
     ran beside the first (checkpoints, logs and MLflow link mixed, both exit 0), and --overwrite
     emptied the folder under it. A file system without flock on folders goes unguarded."""
-    made = not out.exists()
-    if made and not until_released:
+    missing = [folder for folder in (out, *out.parents) if not folder.exists()]
+    if missing and not until_released:
         return  # nobody trains in a folder that is not there; a check makes nothing
     out.mkdir(parents=True, exist_ok=True)
     fd = os.open(out, os.O_RDONLY)
@@ -70,23 +72,27 @@ def hold_run_folder(out: Path, until_released: bool) -> None:
     except OSError:
         pass
     if until_released:
-        HELD[out] = (fd, made)
+        HELD[out] = (fd, missing[-1] if missing else None)
     else:
         os.close(fd)  # only looked: the lock goes with the descriptor
 
 
 def release_run_folder(out: Path) -> None:
-    """Let other runs into `out` (hold_run_folder), at the end of this run; the folder goes
-    too when this run made it and wrote nothing in it (it stopped before training)."""
-    fd, made = HELD.pop(Path(out), (None, False))
+    """Let other runs into `out` (hold_run_folder), at the end of this run. The folders the
+    hold made go too where the run wrote nothing in them (it stopped before training: a refused
+    --resume into a mistyped --out left its parents); removed before the lock goes, so that a
+    run taking the folder next never loses it."""
+    fd, made = HELD.pop(Path(out), (None, None))
     if fd is None:
         return
-    os.close(fd)
-    if made:
+    for folder in (out, *out.parents) if made is not None else ():
         try:
-            Path(out).rmdir()
-        except OSError:  # not empty: the run's files
-            pass
+            folder.rmdir()
+        except OSError:  # not empty: the run's files (or another's)
+            break
+        if folder == made:
+            break
+    os.close(fd)
 
 
 def check_run_to_resume(out: str) -> None:
