@@ -120,7 +120,8 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
     threads_said: list[str] = []
     try:
         with disk_full_in_threads(prog) as threads_said:
-            return main(argv)
+            code = main(argv)
+        return EXIT_CRASH if threads_said and code == EXIT_OK else code  # said "error:"
     except BrokenPipeError:  # `... --help | head`: no failure of ours, so no line ("crashed")
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # exit's flush: no error
         return EXIT_READER_GONE
@@ -177,9 +178,15 @@ AGAIN = "run the command again"  # the way on, unless the step names another (No
 class NoSpaceError(OSError):
     """A full disk, said with the way on for this command (`then`)."""
 
-    def __init__(self, full: OSError, path: str | os.PathLike, then: str):
-        super().__init__(full.errno, full.strerror, full.filename2 or full.filename or path)
+    def __init__(self, code: int, strerror: str, filename: str, then: str = AGAIN):
+        super().__init__(code, strerror, filename)  # OSError's arguments: it pickles as one
         self.then = then
+
+    @classmethod
+    def of(cls, full: OSError, path: str | os.PathLike, then: str) -> NoSpaceError:
+        """`full` with the way on; `path` where it names no file (a thread's write)."""
+        return cls(full.errno, full.strerror, os.fspath(full.filename2 or full.filename or path),
+                   then)
 
 
 def disk_full(exc: BaseException) -> str | None:

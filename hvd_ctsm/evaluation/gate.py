@@ -104,12 +104,12 @@ def apply_gate(metrics: dict, rules, champion: dict | None, tolerance: float) ->
     return {"passed": all(c["passed"] for c in checks), "checks": checks}
 
 
-def check_report_place(path: str | Path) -> None:
+def check_report_place(path: str | Path, fix: str = "write the report outside it (--report)"
+                       ) -> None:
     """A report is written at a local path outside every model registry and feature dataset:
     `gate --report REGISTRY/v0001/backtest.json` recorded its decision in a deployed version."""
     check_local(path, "--report")
-    outputs.check_not_inside_a_whole(
-        path, fix="copy the report out of it and pass the copy (--report)")
+    outputs.check_not_inside_a_whole(path, fix=fix)
 
 
 def check_report_path(path: str | Path) -> None:
@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_tolerance(args.tolerance)
         rules = parse_gate(args.gate)
-        check_report_place(args.report)
+        check_report_place(args.report, "copy the report out of it and pass the copy "
+                                        "(--report)")
         champion.check_ref(args.champion)
         report = read_report(args.report)
         theirs = read_champion(args.champion, report, args.report)

@@ -145,7 +145,7 @@ def checked_run(cfg: TrainConfig, options: LaunchOptions, resume: bool) -> int:
         if exc.errno not in DISK_FULL or options.elastic:
             raise
         # TensorBoard's and the logs' writes name no file: the run folder is where they go
-        raise NoSpaceError(exc, cfg.out, way_on_after_a_failure(Path(cfg.out))) from exc
+        raise NoSpaceError.of(exc, cfg.out, way_on_after_a_failure(Path(cfg.out))) from exc
     finally:
         if watcher:
             watcher.close()

@@ -51,13 +51,13 @@ def raise_spark_error():
 def raise_as_a_copy_does():
     """shutil.copyfile's error (deploy's copy into the registry): the source named first."""
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "run/model.pt", None,
-                  "registry/.staging-x/model.pt")
+                  "registry/v0002/model.pt")
 
 
 @pytest.mark.parametrize("write, says", [
     pytest.param(write_to_dev_full, "no space left on device while writing (the output's disk, "
                  "or TMPDIR", marks=needs_dev_full),
-    (raise_as_a_copy_does, "no space left on device writing registry/.staging-x/model.pt:"),
+    (raise_as_a_copy_does, "no space left on device writing registry/v0002/model.pt:"),
     (raise_spark_error, "no space left on device writing /data/my features/validation:")])
 def test_a_full_disk_is_one_line_naming_the_file_and_exit_3(capsys, write, says):
     """It said "crashed: OSError: [Errno 28] No space left on device" without a file, or named
@@ -146,3 +146,44 @@ def test_resume_refuses_an_empty_config_rather_than_train_on_the_defaults(tmp_pa
     (run / "config.yaml").write_text("")
     with pytest.raises(SystemExit, match=r"config.yaml is empty .* --config FILE"):
         parse_command(["--data", str(tmp_path / "data"), "--out", str(run), "--resume"])
+
+
+def test_a_full_disk_in_a_thread_is_its_line_and_exit_3_though_the_command_ended(capsys):
+    """A thread's full disk (TensorBoard's writer) was said as "error: ..." while the command
+    exited 0: a scheduler saw a success."""
+    import threading
+
+    def main(argv):
+        thread = threading.Thread(target=raise_a_full_disk)
+        thread.start()
+        thread.join()
+        return 0
+
+    assert run_cli(main, "hvd-ctsm step", []) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hvd-ctsm step: error: no space left"), err
+
+
+def raise_a_full_disk():
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "run/events.out")
+
+
+def test_the_full_disk_error_crosses_processes_whole():
+    """It could not be unpickled (multiprocessing and joblib send errors so)."""
+    import pickle
+
+    from hvd_ctsm.errors import NoSpaceError
+
+    full = NoSpaceError.of(OSError(errno.ENOSPC, "No space left on device"), "run", "resume it")
+    back = pickle.loads(pickle.dumps(full))
+    assert (back.errno, back.filename, back.then) == (errno.ENOSPC, "run", "resume it")
+
+
+def test_a_new_report_inside_a_dataset_is_told_to_go_elsewhere(tmp_path):
+    """backtest --report FEATURES/r.json was told to "copy the report out of it", a report
+    not yet written."""
+    from hvd_ctsm.evaluation.gate import check_report_path
+
+    outputs.mark(tmp_path, "features")
+    with pytest.raises(outputs.UnsafeOutputError, match="write the report outside it"):
+        check_report_path(tmp_path / "r.json")
