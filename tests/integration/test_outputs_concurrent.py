@@ -56,9 +56,10 @@ def test_jobs_into_one_new_out_one_publishes_and_the_others_are_refused(tmp_path
         ended = write_together(out, False, WRITERS)
         codes = [code for code, _ in ended]
         assert sorted(codes) == [0] + [2] * (len(WRITERS) - 1), f"round {round_}: {ended}"
-        for code, err in ended:
-            assert code == 0 or (err.count("\n") == 1 and
-                                 "was written by another job while this one ran" in err), err
+        for code, err in ended:  # refused at its publish, or (started late) at its start
+            assert code == 0 or (err.count("\n") == 1 and (
+                "was written by another job while this one ran" in err
+                or "exists; pass --overwrite to replace it" in err)), err
         winner = WRITERS[codes.index(0)]
         assert (out / "job").read_text() == winner
         assert leftovers(out) == []
