@@ -92,8 +92,9 @@ def run_launcher(launcher: str, argv: list[str]) -> None:
 
         sys.argv = ["horovodrun", *argv]  # horovodrun reads its own sys.argv
         received: list[int] = []
+        hide_gone_workers()  # this process only runs horovodrun, then exits
         try:
-            with signals_recorded(received), workers_gone_quietly():
+            with signals_recorded(received):
                 run_commandline()
         except KeyboardInterrupt:
             raise Stopped(signal.SIGINT) from None
@@ -130,12 +131,13 @@ def signals_recorded(received: list[int]):
         signal.signal = install
 
 
-@contextlib.contextmanager
-def workers_gone_quietly():
-    """While inside, a thread's psutil.NoSuchProcess is not printed. horovodrun stops its
-    workers from threads (safe_shell_exec) that ask psutil for a worker's children; a worker
-    that has already exited raises there, and the thread's traceback (16 lines) stood in a
-    Ctrl-C's one line (CI here, once). A worker gone is what the stop wanted."""
+def hide_gone_workers() -> None:
+    """From now on in this process, a thread's psutil.NoSuchProcess is not printed. horovodrun
+    stops its workers from threads (safe_shell_exec) that ask psutil for a worker's children; a
+    worker that has already exited raises there, and the thread's traceback (16 lines) stood in
+    a Ctrl-C's one line. A worker gone is what the stop wanted. For the rest of the process, not
+    only while horovodrun runs: its stopping threads go on after it returns, as this process
+    exits (CI here: a traceback once the hook, then only around horovodrun, was gone)."""
     import psutil
 
     previous = threading.excepthook
@@ -145,10 +147,6 @@ def workers_gone_quietly():
             previous(args)
 
     threading.excepthook = hook
-    try:
-        yield
-    finally:
-        threading.excepthook = previous
 
 
 def note_launcher_signal(signum: int) -> None:
