@@ -76,8 +76,11 @@ def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
     dataset = Dataset.open(data)
     for name in ("train", split):  # a damaged or incomplete dataset stops before the model loads
         dataset.split(name)
-    paths = {"model": model_path, "baseline": baseline, "champion": champion}
-    models = {role: checked_model(dataset, path, role) for role, path in paths.items() if path}
+    # Each model's file, once: a registry's `current` moved by a deploy during the backtest
+    # made the report name (and hash) another version than the one evaluated.
+    paths = {role: model_file(path) for role, path in
+             (("model", model_path), ("baseline", baseline), ("champion", champion)) if path}
+    models = {role: checked_model(dataset, path, role) for role, path in paths.items()}
     ours = evaluate_model(dataset, models.pop("model"), split, seed, "model")
     num_items, max_len = dataset.meta.num_items, dataset.meta.max_len
     counts = Popularity.fit(eval_batches(dataset.split("train"), 0, 1, 256, max_len), num_items)
@@ -86,13 +89,12 @@ def run_backtest(data: str, model_path: str, split: str = "test", seed: int = 0,
     others, compared = {}, {"popularity": popularity}
     for role in list(models):
         compared[role] = evaluate_model(dataset, models.pop(role), split, seed, role)
-        others |= {role: compared[role].summary(), f"{role}_path": str(model_file(paths[role])),
-                   f"{role}_sha256": model_sha256(model_file(paths[role]))}
+        others |= {role: compared[role].summary(), f"{role}_path": str(paths[role]),
+                   f"{role}_sha256": model_sha256(paths[role])}
     # model - each other scorer, target by target: is a gap more than the clients' noise?
     differences = {name: paired_differences(ours, other, seed) for name, other in compared.items()}
     return {"split": split, "data": str(data), "data_sha256": metadata_sha256(dataset.meta),
-            "model_path": str(model_file(model_path)),
-            "model_sha256": model_sha256(model_file(model_path)),
+            "model_path": str(paths["model"]), "model_sha256": model_sha256(paths["model"]),
             "model": ours.summary(), "popularity": popularity.summary(), **others,
             "differences": differences,
             "protocol": {"full": "all items, the client's earlier items removed",

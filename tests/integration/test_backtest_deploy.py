@@ -204,3 +204,36 @@ def test_a_warm_start_onto_a_vocabulary_that_does_not_keep_its_indices_is_refuse
                                  load_config(None, [f"data.path={fresh}", *arch]))
     check_warm_start_matches(str(trained),  # a run folder, as a registry, names its model.pt
                              load_config(None, [f"data.path={extended}", *arch]))
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_deploy_during_a_backtest_of_the_registry_leaves_its_report_true(
+        tiny_features, trained, tmp_path, monkeypatch):
+    """`backtest --model REGISTRY` read `current` again to name and hash the model after
+    evaluating it: a deploy meanwhile (a scheduled one) made the report name the new version,
+    with the old one's numbers, and deploy then takes a report by that hash. The deploy is
+    injected right after the evaluation (the window it opened)."""
+    import shutil
+
+    registry = tmp_path / "registry"
+    for version, model in (("v0001", trained / "model.pt"), ("v0002", None)):
+        (registry / version).mkdir(parents=True)
+        if model:
+            shutil.copy(model, registry / version / "model.pt")
+            shutil.copy(f"{model}.sha256", registry / version / "model.pt.sha256")
+        else:  # another model: only its checksum file is read for the report
+            (registry / version / "model.pt").write_bytes(b"another model")
+            (registry / version / "model.pt.sha256").write_text("0" * 64 + "\n")
+    (registry / "current").write_text("v0001\n")
+    evaluate = backtest.evaluate_model
+
+    def then_a_deploy(*args, **kwargs):
+        result = evaluate(*args, **kwargs)
+        (registry / "current").write_text("v0002\n")
+        return result
+
+    monkeypatch.setattr(backtest, "evaluate_model", then_a_deploy)
+    report = backtest.run_backtest(str(tiny_features), str(registry))
+    assert report["model_path"] == str(registry / "v0001" / "model.pt")
+    assert report["model_sha256"] == (trained / "model.pt.sha256").read_text().split()[0]
