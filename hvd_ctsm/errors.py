@@ -199,7 +199,8 @@ def disk_full(exc: BaseException) -> str | None:
             return no_space_line(seen.filename2 or seen.filename, seen.strerror,
                                  getattr(seen, "then", AGAIN))
         texts.append(str(seen))
-        seen = seen.__cause__ or seen.__context__
+        # a context raised `from None` was put aside on purpose: not this error's cause
+        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
     for said in DISK_FULL_TEXTS:
         if any(said in text for text in texts):
             target = next(filter(None, map(SPARK_WRITE_TARGET.search, texts)), None)

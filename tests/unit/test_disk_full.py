@@ -187,3 +187,16 @@ def test_a_new_report_inside_a_dataset_is_told_to_go_elsewhere(tmp_path):
     outputs.mark(tmp_path, "features")
     with pytest.raises(outputs.UnsafeOutputError, match="write the report outside it"):
         check_report_path(tmp_path / "r.json")
+
+
+def test_an_error_raised_while_handling_a_full_disk_is_its_own(capsys):
+    """A bug raised `from None` while a full disk was being handled was said as the full disk
+    (no "crashed", no --debug to find it)."""
+    def main(argv):
+        try:
+            raise_a_full_disk()
+        except OSError:
+            raise RuntimeError("a bug") from None
+
+    assert run_cli(main, "hvd-ctsm step", []) == 3
+    assert "crashed: RuntimeError: a bug" in capsys.readouterr().err
