@@ -85,7 +85,7 @@ def ml100k_dir() -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def torchrun_logs(tmp_path_factory) -> None:
+def launcher_temp_folders(tmp_path_factory) -> None:
     """torchrun keeps its workers' logs in a torchelastic_* folder that it makes in the
     temporary folder and never removes: the suite starts it directly, through TorchDistributor
     and in benchmarks, and a CI run left about 40 such folders behind (46 during one here,
@@ -93,6 +93,9 @@ def torchrun_logs(tmp_path_factory) -> None:
     pytest's own, which pytest prunes. (./run.sh's launcher passes its own --log-dir and
     removes it.)"""
     os.environ.setdefault("PET_LOG_DIR", str(tmp_path_factory.mktemp("torchrun-logs")))
+    # Open MPI's session folders (ompi.HOST.UID/pid.*, jf.*) are left in the temporary folder by
+    # every mpirun a test stops or kills: 4 during one CI run here. Among pytest's, as above.
+    os.environ.setdefault("OMPI_MCA_orte_tmpdir_base", str(tmp_path_factory.mktemp("ompi")))
 
 
 @pytest.fixture(scope="session")
