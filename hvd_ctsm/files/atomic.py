@@ -50,6 +50,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+TEMPORARY = ".{}.*.tmp"  # atomic_write_bytes' temporary file for NAME, as a glob pattern
+
+
+def is_temporary(file: Path, of: str) -> bool:
+    """`file` is atomic_write_bytes' temporary file for a file named `of` (a write under way,
+    or one a killed process never finished)."""
+    return file.match(TEMPORARY.format(of))
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write data to path so that path is never seen half-written: temp file, fsync, rename."""
     path = Path(path)

@@ -37,7 +37,7 @@ from hvd_ctsm import tracking
 from hvd_ctsm.errors import DISK_FULL, arg_parser
 from hvd_ctsm.evaluation.gate import read_report
 from hvd_ctsm.files import outputs
-from hvd_ctsm.files.atomic import FOLDER_MODE, atomic_write_bytes, set_mode
+from hvd_ctsm.files.atomic import FOLDER_MODE, TEMPORARY, atomic_write_bytes, is_temporary, set_mode
 from hvd_ctsm.files.storage import check_local, location
 from hvd_ctsm.model.checkpoint import CheckpointError, model_file, model_sha256, verify_checksum
 
@@ -157,10 +157,8 @@ def holds_only_ours(registry: Path) -> bool:
     """Nothing but what deploy makes before a version: its lock, and its marker (which another
     deploy may be writing right now, so that it reads as no marker, and its temporary file
     is there)."""
-    marker_temp = f".{outputs.MARKER}."  # atomic_write_bytes' .NAME.*.tmp
     try:
-        return all(p.name in (outputs.MARKER, LOCK)
-                   or (p.name.startswith(marker_temp) and p.name.endswith(".tmp"))
+        return all(p.name in (outputs.MARKER, LOCK) or is_temporary(p, outputs.MARKER)
                    for p in registry.iterdir())
     except FileNotFoundError:
         return True
@@ -188,7 +186,8 @@ def registry_lock(registry: Path):
 def remove_unfinished(registry: Path) -> None:
     """Stages and `current` temporaries of deploys killed before they finished: under the lock
     no other deploy is writing, so any found belong to a dead one (each a partial model copy)."""
-    for leftover in [*registry.glob(".staging-*"), *registry.glob(f".{outputs.CURRENT}.*.tmp")]:
+    for leftover in [*registry.glob(".staging-*"),
+                     *registry.glob(TEMPORARY.format(outputs.CURRENT))]:
         if leftover.is_dir():
             shutil.rmtree(leftover, ignore_errors=True)
         else:
