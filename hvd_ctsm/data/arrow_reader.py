@@ -27,6 +27,7 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 
 from hvd_ctsm.data.npy_codec import decode_npy
+from hvd_ctsm.data.pinned import check_split, open_checked
 from hvd_ctsm.data.schema import FIELDS, SCALAR_TYPES
 
 COLUMNS = [name for name, *_ in FIELDS]  # every column, in stored order
@@ -49,7 +50,9 @@ def _location(url: str):
 
 
 def _open(fs, path):
-    return open(path, "rb") if fs is None else fs.open(path, "rb")
+    """A split's file, opened to read; a local one only while its dataset is still the build
+    the step opened (hvd_ctsm.data.pinned)."""
+    return open_checked(path) if fs is None else fs.open(path, "rb")
 
 
 def _parquet_files(fs, folder: str) -> list[str]:
@@ -58,7 +61,11 @@ def _parquet_files(fs, folder: str) -> list[str]:
     from pathlib import Path
 
     if fs is None:
-        names = [str(p) for p in Path(folder).iterdir() if p.is_file()]
+        try:
+            names = [str(p) for p in Path(folder).iterdir() if p.is_file()]
+        except FileNotFoundError:  # the dataset replaced meanwhile: say that
+            check_split(folder)
+            raise
     else:
         names = [e["name"] for e in fs.ls(folder, detail=True) if e["type"] == "file"]
     return sorted(n for n in names if n.endswith(".parquet")

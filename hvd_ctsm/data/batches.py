@@ -35,6 +35,7 @@ from hvd_ctsm.data.dataset_meta import DatasetError as DatasetError
 from hvd_ctsm.data.dataset_meta import DatasetMeta as DatasetMeta
 from hvd_ctsm.data.dataset_meta import check_same_vocabulary as check_same_vocabulary
 from hvd_ctsm.data.dataset_meta import read_metadata as read_metadata
+from hvd_ctsm.data.pinned import check_split, pin_split
 # Importing the schema also quiets Petastorm's deprecation warnings.
 from hvd_ctsm.data.schema import EVENT_TYPES  # noqa: F401
 
@@ -73,22 +74,33 @@ def verify_split(data_dir: str | Path, name: str, meta: DatasetMeta | None = Non
                                f"{fix}")
 
 
-_VERIFIED: set[tuple[str, str]] = set()  # (dataset, split) checked by this process
+_VERIFIED: set[tuple] = set()  # (dataset, split, build) checked by this process
 
 
-def split_url(data_dir: str | Path, split: str) -> str:
-    """The split's URL for Petastorm, after checking its files once per process (verify_split):
-    every reader (trainer, backtest, scoring) opens splits through here. A local folder becomes
-    a file:// URL; a remote dataset URL (s3://, hdfs://, ...) is used as it is."""
+def split_url(data_dir: str | Path, split: str, meta: DatasetMeta | None = None) -> str:
+    """The split's URL for Petastorm, after checking its files once per process and build
+    (verify_split): every reader (trainer, backtest, scoring) opens splits through here. A local
+    folder becomes a file:// URL, its split pinned to the build `meta` (the one the step read;
+    default: read now) describes (hvd_ctsm.data.pinned); a remote dataset URL (s3://, hdfs://,
+    ...) is used as it is."""
     from hvd_ctsm.files import storage
+    meta = meta or read_metadata(data_dir)
     if storage.is_remote(data_dir):  # s3://, hdfs://, ...: Petastorm reads it through fsspec
-        key, url = str(data_dir).rstrip("/"), storage.join(data_dir, split)
+        key, url, pin = str(data_dir).rstrip("/"), storage.join(data_dir, split), None
     else:
         folder = storage.local_path(data_dir).resolve()
         key, url = str(folder), (folder / split).as_uri()
-    if (key, split) not in _VERIFIED:
-        verify_split(data_dir, split)
-        _VERIFIED.add((key, split))
+        pin = pin_split(folder, split, meta)
+    if (key, split, pin and pin.sha256) not in _VERIFIED:
+        try:
+            verify_split(data_dir, split, meta)
+        except DatasetError:
+            if pin:  # files of another build than `meta` lists: say the dataset was replaced
+                pin.check()
+            raise
+        _VERIFIED.add((key, split, pin and pin.sha256))
+    if pin:  # the files checked may be another build's that lists the same ones
+        pin.check()
     return url
 
 
@@ -292,12 +304,23 @@ def _open_petastorm_reader(url: str, rank: int, size: int, seed: int | None, shu
                          reader_pool_type="dummy")
     use_fast_decoding(reader.schema)  # np.load's header parsing dominated reading (npy_codec)
     try:
-        yield reader
+        yield reader if storage.is_remote(url) else _of_the_pinned_build(reader, url)
     finally:
         # Not `with reader`: its exit also runs cleanup_cache(), which prints "Cache cleanup
         # complete." once per rank per epoch; we use no disk cache, so stop and join suffice.
         reader.stop()
         reader.join()
+
+
+def _of_the_pinned_build(rows, url: str) -> Iterator:
+    """Petastorm opens files itself: each row is passed on once the dataset is known to be still
+    the build the step opened, and so was when the row's file was opened (hvd_ctsm.data.pinned)."""
+    from hvd_ctsm.files import storage
+
+    split_folder = storage.local_path(url)
+    for row in rows:
+        check_split(split_folder)
+        yield row
 
 
 def train_batches(url: str, rank: int, size: int, epoch: int, plan: EpochPlan, batch_size: int,

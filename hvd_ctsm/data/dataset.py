@@ -27,10 +27,11 @@ class Dataset:
         return cls(str(path), read_metadata(path))
 
     def split(self, name: str) -> str:
-        """The split's URL for the readers, its files checked first (once per process)."""
+        """The split's URL for the readers, its files checked first (once per process), the
+        readers held to this build (hvd_ctsm.data.pinned)."""
         from hvd_ctsm.data.batches import split_url
 
-        return split_url(self.path, name)
+        return split_url(self.path, name, self.meta)
 
     def sizes(self, categories: bool = False, tags: bool = False) -> dict:
         """The model's sizes (hvd_ctsm.model.ctsm.ModelSizes' fields); from vocab.json also the
@@ -45,7 +46,7 @@ class Dataset:
 
     def items(self) -> list[str]:
         """Raw item ids by index (vocab.json's `items`: what scores name)."""
-        return read_vocab(self.path)[1]["items"]
+        return read_vocab(self.path, self.meta)[1]["items"]
 
     def check_model(self, state: dict, what: str, fix: str) -> None:
         """`state` (a model.pt's) indexes items as this dataset does; else one line with `fix`."""
