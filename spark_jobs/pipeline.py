@@ -16,9 +16,12 @@ deployed), 2 bad arguments or input (a step refused it: its name and the error a
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -189,8 +192,43 @@ def _backtest(data: Path, model: Path, report: Path, gate: str) -> bool:
                           "--gate", gate]) == 0
 
 
+@contextmanager
+def work_held(work: Path):
+    """One pipeline at a time in `work`: an flock on the folder itself (made if need be; no file
+    added, and the kernel drops it when the process dies, kill -9 too). Before, a second run
+    (a schedule's next, started before the last ended) rebuilt WORK/features under the first's
+    training and backtest, and its deploy could publish a model backtested on other features.
+    A file system without flock on folders goes unguarded."""
+    work.mkdir(parents=True, exist_ok=True)
+    fd = os.open(work, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise WorkInUse(f"another pipeline is writing {work} now: wait for it to end, or "
+                            "pick another --work") from None
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
+class WorkInUse(RuntimeError):
+    """Another pipeline run holds the work folder."""
+
+
 def run_pipeline(spark, cfg: PipelineConfig) -> int:
     """Run every step in `spark`'s application; returns the exit code (see the module doc)."""
+    try:
+        with work_held(Path(cfg.work)):
+            return _run_steps(spark, cfg)
+    except WorkInUse as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _run_steps(spark, cfg: PipelineConfig) -> int:
     from hvd_ctsm.config import load_config
     from hvd_ctsm.files import outputs
     from hvd_ctsm.serving import deploy
