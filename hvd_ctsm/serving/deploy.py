@@ -221,9 +221,27 @@ def deploy_version(model_path: str | Path, report_path: str | Path,
         if outputs.marker(registry) is None and not any(registry.glob("v[0-9]*")):
             outputs.mark(registry, "registry")
         remove_unfinished(registry)
-        version = publish_version(registry, files)
+        version = unnamed_copy(registry, files)
+        if version is not None:  # a deploy of this model killed before it moved `current`
+            point_current_at(registry, version.name, files)
+        else:
+            version = publish_version(registry, files)
         register_in_mlflow(model.parent, version, report)  # champion moves in `current`'s order
     return version, True
+
+
+def unnamed_copy(registry: Path, files: dict[str, Path]) -> Path | None:
+    """The newest version, when `current` names an older one (or none) and it holds `files`
+    byte for byte: what a deploy of them killed between publishing it and moving `current`
+    leaves. Before, the next deploy of the same model made one more copy beside it, and the
+    unnamed one stayed for good."""
+    taken = [int(p.name[1:]) for p in registry.glob("v[0-9]*") if p.name[1:].isdigit()]
+    if not taken:
+        return None
+    newest = registry / f"v{max(taken):04d}"
+    if current(registry) == newest or not newest.is_dir():
+        return None
+    return newest if holds(newest, files) else None
 
 
 def publish_version(registry: Path, files: dict[str, Path]) -> Path:

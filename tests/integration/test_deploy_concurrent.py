@@ -170,3 +170,31 @@ def test_a_shared_registry_takes_a_second_users_deploy(shared_folder):
     code, out = as_another_user(second)
     assert code == 0 and out.startswith("deployed"), out
     assert (registry / "current").read_text() == "v0002\n"
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_a_deploy_killed_before_it_moved_current_is_finished_by_the_next(tmp_path):
+    """A deploy killed between publishing its version and moving `current` to it: the next
+    deploy of the same model points `current` at that version. Before: it made one more copy
+    (v0002) and the unnamed v0001 stayed in the registry for good."""
+    run = gated_run(tmp_path, "run", size=64 << 20)  # checking the copy takes long enough
+    for attempt in range(8):  # the kill may land before the rename or after `current`
+        registry = tmp_path / f"registry-{attempt}"
+        proc = subprocess.Popen([sys.executable, "-m", "hvd_ctsm", "deploy",
+                                 *deploy_command(run, registry)], cwd=REPO, env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while proc.poll() is None and not (registry / "v0001").exists():
+            time.sleep(0.0005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        if (registry / "v0001").exists() and deploy.current(registry) is None:
+            break
+    else:
+        pytest.skip("no deploy was killed between its rename and `current`")
+    done = subprocess.run([sys.executable, "-m", "hvd_ctsm", "deploy",
+                           *deploy_command(run, registry)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=ENV)
+    assert done.returncode == 0, done.stderr
+    assert versions(registry) == ["v0001"]
+    assert deploy.current(registry) == registry / "v0001"
