@@ -1,0 +1,41 @@
+"""Two pipeline runs into one --work folder (a schedule's next run started before the last one
+ended): the second is refused in one line before any step; the first's hold dies with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from spark_jobs.pipeline import PipelineConfig, run_pipeline, work_held
+from tests.conftest import REPO, TINY_SOURCE
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from spark_jobs.pipeline import work_held
+with work_held(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_second_pipeline_into_a_work_folder_in_use_is_refused_in_one_line(tmp_path, capsys):
+    work, registry = tmp_path / "work", tmp_path / "registry"
+    first = subprocess.Popen([sys.executable, "-c", HOLDER, str(work)], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert first.stdout.readline().strip() == "held"
+        cfg = PipelineConfig(source=TINY_SOURCE, work=str(work), registry=str(registry))
+        # Refused before any step: no Spark session is needed to say so.
+        assert run_pipeline(None, cfg) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"hvd-ctsm pipeline: error: another pipeline is writing {work} now: wait for it to "
+            "end, or pick another --work"]
+        assert sorted(p.name for p in work.iterdir()) == []  # nothing written into the first's
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)
+    with work_held(work):  # a killed run leaves no hold behind
+        pass
