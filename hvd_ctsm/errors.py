@@ -24,6 +24,9 @@ EXIT_READER_GONE = 141  # ... and by SIGPIPE (128 + 13): what reads our output s
 # Set by spark_session's Ctrl-C handler when it cancels Spark's jobs: the error the cancelled
 # job's call then raises is the interruption, not a crash.
 CTRL_C = threading.Event()
+# Set by run_cli for --debug: what would only repeat an error's one line is shown too (Spark's
+# log of a job that filled the disk: spark_session.spark_log_kept_back).
+DEBUG = threading.Event()
 EXIT_CODES = """exit codes:
   0  done
   1  refused by a gate or a check: the backtest's or gate's rule, deploy's checks; nothing is
@@ -116,6 +119,7 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     if debug:
+        DEBUG.set()
         return main(argv)
     threads_said: list[str] = []
     try:

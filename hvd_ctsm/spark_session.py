@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hvd_ctsm import errors, spark_start
@@ -47,6 +49,7 @@ STARTUP_CONF = {
 }
 DEFAULT_CONF = {**STARTUP_CONF, **RUNTIME_CONF, **REQUIRED_CONF}
 LOG4J2 = Path(__file__).with_name("spark_log4j2.properties")  # the driver's log settings
+JOB_LOG_DELAY_S = 30.0  # how late Spark's log reaches stderr while a job runs (spark_log_kept_back)
 
 
 def get_spark(master: str | None = None, app_name: str = "hvd_ctsm-features", **conf):
@@ -116,6 +119,27 @@ def start(builder, asked: dict, master: str | None):
         held.restore()
         held.release()
     return spark
+
+
+@contextmanager
+def spark_log_kept_back() -> Iterator[None]:
+    """While inside (a feature job's Spark work), what Spark's JVM logs goes on to stderr
+    JOB_LOG_DELAY_S late. A block that ends in a full disk drops what is held then: Spark logged
+    each failed task's Java trace (400 lines for a tiny job) above the one line that says what
+    to do, and --debug's traceback holds the same trace (--debug keeps the log too). Any other
+    failure passes it on at once, before its own line: there it may be the only clue. Nothing
+    changes for a JVM this process did not start (spark-submit's, a notebook's own session)."""
+    jvm = spark_start.running_jvm_stderr()
+    if jvm is None:
+        yield
+        return
+    jvm.delay(JOB_LOG_DELAY_S)
+    try:
+        yield
+    except BaseException as exc:
+        jvm.settle(drop=errors.disk_full(exc) is not None and not errors.DEBUG.is_set())
+        raise
+    jvm.settle(drop=False)
 
 
 def stop_quietly(spark) -> None:

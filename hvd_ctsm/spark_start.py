@@ -21,6 +21,7 @@ import sys
 import termios
 import threading
 import time
+from collections import deque
 
 # Java's lines around the reason it did not start: its own closing words, warnings, the
 # options it picked up from the environment (JAVA_TOOL_OPTIONS), a heading.
@@ -29,6 +30,7 @@ GATEWAY_EXITED = ("JAVA_GATEWAY_EXITED", "Java gateway process exited")
 MASTERS = "local[*], local[N], spark://HOST:PORT, yarn or k8s://HOST:PORT"
 HOLD_S = 60.0  # a start that takes longer shows what its JVM has printed so far
 PIPE_BYTES = 1 << 20  # room for the JVM's lines while this process is busy elsewhere
+DELAY_BYTES = 4 << 20  # at most this much of a delayed log is held; the oldest goes on first
 # Printed by every Spark 4 JVM as it starts (Spark adds the module itself): no news to a user,
 # and the first line of every job's output. Dropped from what is held.
 START_NOISE = (b"WARNING: Using incubator modules: jdk.incubator.vector\n",)
@@ -57,6 +59,8 @@ class JvmStderr:
 
     def __init__(self):
         self.held, self.mode = bytearray(), "hold"
+        self.delayed: deque[tuple[float, bytes]] = deque()  # (when read, chunk) in "delay"
+        self.delay_s, self.delayed_bytes = 0.0, 0
         self.lock = threading.Lock()
         self.deadline = time.monotonic() + HOLD_S
         self.read, write = os.pipe()
@@ -84,6 +88,7 @@ class JvmStderr:
     def hold(self) -> None:
         """Hold again what the running JVM prints: a session starts on it once more."""
         with self.lock:
+            self._pass_delayed(everything=True)
             self.held.clear()
             self.mode = "hold"
             self.deadline = time.monotonic() + HOLD_S
@@ -95,13 +100,47 @@ class JvmStderr:
             if self.redirected:
                 os.dup2(self.out, 2)
                 self.redirected = False
+        self._drain()
+        with self.lock:
+            return self.held.decode(errors="replace")
+
+    def _drain(self) -> None:
+        """Wait (2 s at most) until the copying thread has read all the JVM has written."""
         for _ in range(200):  # the copying thread reads under the lock
             with self.lock:
                 if self._unread() == 0:
-                    return self.held.decode(errors="replace")
+                    return
             time.sleep(0.01)
+
+    def delay(self, seconds: float) -> None:
+        """From now on, until `settle`, what the JVM prints goes on `seconds` after it came
+        (spark_session.spark_log_kept_back). Only after a start: a start's hold, or a failed
+        start's drop, is left as it is."""
         with self.lock:
-            return self.held.decode(errors="replace")
+            if self.mode == "pass":
+                self.mode, self.delay_s = "delay", seconds
+
+    def settle(self, drop: bool) -> None:
+        """End `delay`: what it holds (all the JVM has written by now) goes on, or with `drop`
+        is dropped; what the JVM prints next goes on at once."""
+        self._drain()
+        with self.lock:
+            if self.mode != "delay":
+                return
+            if drop:
+                self.delayed.clear()
+                self.delayed_bytes = 0
+            self._pass_delayed(everything=True)
+            self.mode = "pass"
+
+    def _pass_delayed(self, everything: bool = False) -> None:
+        """The delayed chunks that are due (older than the delay, or beyond DELAY_BYTES)."""
+        due = time.monotonic() - self.delay_s
+        while self.delayed and (everything or self.delayed[0][0] < due
+                                or self.delayed_bytes > DELAY_BYTES):
+            _, chunk = self.delayed.popleft()
+            self.delayed_bytes -= len(chunk)
+            self._write(chunk)
 
     def release(self) -> None:
         with self.lock:
@@ -151,6 +190,7 @@ class JvmStderr:
                 if not ready:
                     if time.monotonic() > self.deadline:
                         self._pass()
+                    self._pass_delayed()
                     continue
                 chunk = os.read(self.read, 65536)
                 if not chunk:
@@ -159,7 +199,12 @@ class JvmStderr:
                     self.held += chunk
                 elif self.mode == "pass":
                     self._write(chunk)
+                elif self.mode == "delay":
+                    self.delayed.append((time.monotonic(), chunk))
+                    self.delayed_bytes += len(chunk)
+                    self._pass_delayed()
         with self.lock:  # its number may be reused at once: _unread must not ask that file
+            self._pass_delayed(everything=True)  # the JVM has exited: nothing more to wait for
             os.close(self.read)
             self.read = -1
             self._close_if_done()
@@ -175,17 +220,26 @@ class JvmStderr:
 _running: JvmStderr | None = None  # the one the JVM of PySpark's gateway writes to
 
 
+def running_jvm_stderr() -> JvmStderr | None:
+    """The pipe the running JVM of PySpark's gateway writes to, where this process started it
+    (not under spark-submit, nor where a session was started without hvd_ctsm)."""
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None and _running is not None and _running.alive():
+        return _running
+    return None
+
+
 def hold_jvm_stderr() -> JvmStderr | None:
     """What Spark's JVM prints from now on, held: a new pipe for the JVM about to start or,
     where PySpark reuses its running gateway JVM (a session stopped and started again in one
     process, as in a notebook), the pipe that JVM already writes to. None where stderr cannot
     be redirected (closed): Spark then starts as it always did."""
     global _running
-    from pyspark import SparkContext
-
-    if SparkContext._gateway is not None and _running is not None and _running.alive():
-        _running.hold()
-        return _running
+    running = running_jvm_stderr()
+    if running is not None:
+        running.hold()
+        return running
     try:
         _running = JvmStderr()
     except OSError:

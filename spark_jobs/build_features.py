@@ -192,13 +192,15 @@ def build_features(spark, config: FeatureConfig) -> dict:
 
     Any session will do (a notebook's too): its executors are checked first, and the settings
     the job depends on (UTC parsing, shuffle partitions) apply while it runs."""
+    from hvd_ctsm.spark_session import spark_log_kept_back
     from spark_jobs.session import check_executors, job_settings
 
     check_executors(spark)
-    if not storage.is_remote(config.out):
-        with job_settings(spark):
-            return _build(spark, config)
-    return _build_and_upload(spark, config, job_settings)
+    with spark_log_kept_back():  # a full disk's line alone, not after each task's trace
+        if not storage.is_remote(config.out):
+            with job_settings(spark):
+                return _build(spark, config)
+        return _build_and_upload(spark, config, job_settings)
 
 
 def _build_and_upload(spark, config: FeatureConfig, job_settings) -> dict:
