@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,6 +79,30 @@ EXIT_CODE_DIR = "HVD_CTSM_EXIT_CODE_DIR"
 LAUNCHER_SIGNAL = "launcher-signal"
 
 
+class AnotherRankFailed(RuntimeError):
+    """This rank stopped because another one failed first and said why (its own line): one
+    line pointing at it, exit 3, neither "crashed" nor a guess at the cause."""
+
+
+def another_rank_failed(wait_s: float = 0.0) -> bool:
+    """Whether another worker of this host has written a failed code (record_exit_code) into
+    the launcher's EXIT_CODE_DIR, waiting up to `wait_s` for it: a lost peer is seen as the
+    failed worker's process exits, just after it writes. False without ./run.sh's launchers,
+    and for a rank killed (SIGKILL writes nothing) or on another host."""
+    folder = os.environ.get(EXIT_CODE_DIR)
+    deadline = time.monotonic() + wait_s
+    while folder:
+        try:
+            if any(name.isdigit() and name != str(os.getpid()) for name in os.listdir(folder)):
+                return True
+        except OSError:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return False
+
+
 def launcher_stopped_by() -> str | None:
     """The signal that stopped this worker's launcher (SIGINT for Ctrl-C), if one did."""
     folder = os.environ.get(EXIT_CODE_DIR)
@@ -140,6 +165,9 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
         raise
     except KeyboardInterrupt as stop:  # Ctrl-C: its own message where a step gave one
         return interrupted(prog, stop)
+    except AnotherRankFailed as follower:  # the first rank's line says why
+        print(f"{prog}: error: {follower}", file=sys.stderr)
+        return EXIT_CRASH
     except Exception as exc:  # noqa: BLE001  one line; --debug shows the traceback
         if CTRL_C.is_set():  # a Spark job cancelled by Ctrl-C: its call's error is the stop
             return interrupted(prog, KeyboardInterrupt("interrupted: Spark's running jobs were "

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hvd_ctsm import distributed as dist
-from hvd_ctsm.errors import launcher_stopped_by
+from hvd_ctsm.errors import AnotherRankFailed, another_rank_failed, launcher_stopped_by
 
 if TYPE_CHECKING:
     from hvd_ctsm.config import TrainConfig
@@ -181,6 +181,12 @@ def note_on_sigterm(message: Callable[[], str]) -> Iterator[None]:
 PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "has been shut down")
 
 
+# A rank that fails writes its code (./run.sh's launchers) just before its process exits, which
+# is when the others lose it: they wait this long for it before guessing at a kill for memory.
+PEER_RECORD_WAIT_S = 3.0
+FOLLOWED = "another rank failed first (its error is above); this one stopped with it"
+
+
 class PeerLostError(RuntimeError):
     """Another rank vanished while this one exchanged with it (a step's gradients, the logged
     losses, a validation, a checkpoint); the message says what to look for."""
@@ -201,6 +207,8 @@ def peer_loss_reported(cfg: TrainConfig, model: CTSM) -> Iterator[None]:
         if (dist.is_elastic_launch() or isinstance(exc, PeerLostError)
                 or not any(sign in str(exc) for sign in PEER_LOST)):
             raise
+        if another_rank_failed(wait_s=PEER_RECORD_WAIT_S):  # it said why: no guess at memory
+            raise AnotherRankFailed(FOLLOWED) from exc
         raise PeerLostError(peer_lost_message(cfg, model, exc)) from exc
 
 
@@ -220,6 +228,8 @@ def stopped_message(cfg: TrainConfig, model: CTSM) -> str:
     if stopped_by:
         return (f"{PROG}: interrupted (the launcher was stopped by {stopped_by}); the same "
                 f"command with --resume goes on from the last checkpoint in {cfg.out}")
+    if another_rank_failed():  # the launcher saw it exit, after it wrote its code
+        return f"{PROG}: error: {FOLLOWED}"
     return (f"{PROG}: error: stopped by SIGTERM, which torchrun and horovodrun send every rank "
             "when another rank fails (and a scheduler sends when it stops the job). "
             + memory_advice(cfg, model))

@@ -198,3 +198,31 @@ def test_a_feature_job_overwriting_onto_a_full_disk_keeps_the_dataset(tiny_featu
     assert {str(p.relative_to(out)): p.read_bytes()
             for p in out.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in disk.folder.iterdir()) == [".filler", "features"]
+
+
+FOLLOWED = ("hvd-ctsm train: error: another rank failed first (its error is above); this one "
+            "stopped with it")
+
+
+@pytest.mark.slow  # two ranks under ./run.sh's launcher
+@pytest.mark.parametrize("launcher", ["torchrun",
+                                      pytest.param("horovodrun", marks=pytest.mark.horovod)])
+def test_at_two_ranks_the_other_rank_points_at_the_full_disks_line(tiny_features, small_disk,
+                                                                    launcher):
+    """Before: rank 1 added `crashed: PeerLostError: another rank stopped ...` with a guess that
+    a rank ran out of memory."""
+    disk = small_disk(16)
+    out = disk.folder / "run"
+    disk.leave(100 * PAGE)  # a later checkpoint does not fit
+    args = {"torchrun": ["--standalone", "--nproc-per-node", "2", "-m", "hvd_ctsm.train"],
+            "horovodrun": ["-np", "2", "--gloo", sys.executable, "-m", "hvd_ctsm.train"]}
+    failed = subprocess.run(
+        [sys.executable, "-m", "hvd_ctsm.distributed.launchers", launcher, *args[launcher],
+         "--data", str(tiny_features), "--out", str(out), *SMALL_MODEL], capture_output=True,
+        text=True, timeout=600, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert failed.returncode == 3, failed.stderr[-3000:]
+    ours = [re.sub(r"^\[\d\]<stderr>:", "", line) for line in failed.stderr.splitlines()
+            if "hvd-ctsm train:" in line]
+    assert len(ours) == 2 and ours[1 - ours.index(FOLLOWED)].startswith(
+        f"hvd-ctsm train: error: no space left on device writing {out}/"), ours
