@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvd_ctsm.data.dataset_meta import (DatasetMeta, check_same_vocabulary, item_categories,
-                                        item_tags, read_metadata, read_vocab)
+from hvd_ctsm.data.dataset_meta import (DatasetError, DatasetMeta, check_same_vocabulary,
+                                        item_categories, item_tags, read_metadata, read_vocab)
+from hvd_ctsm.data.pinned import Pin
 from hvd_ctsm.data.schema import EVENT_TYPES
 
 
@@ -39,14 +40,33 @@ class Dataset:
         sizes = {"num_items": self.meta.num_items, "num_event_types": len(EVENT_TYPES) + 1,
                  "attr_sizes": self.meta.attr_sizes, "max_len": self.meta.max_len}
         if categories:
-            sizes["item_category"] = item_categories(self.path, self.meta)
+            sizes["item_category"] = self._of_this_build(item_categories, self.path, self.meta)
         if tags:
-            sizes["item_tags"] = item_tags(self.path, self.meta)
+            sizes["item_tags"] = self._of_this_build(item_tags, self.path, self.meta)
         return sizes
 
     def items(self) -> list[str]:
         """Raw item ids by index (vocab.json's `items`: what scores name)."""
-        return read_vocab(self.path, self.meta)[1]["items"]
+        return self._of_this_build(read_vocab, self.path)[1]["items"]
+
+    def _of_this_build(self, read_from_vocab, *args):
+        """What `read_from_vocab(*args)` reads from vocab.json, once the folder is known to hold
+        still the build this Dataset opened (hvd_ctsm.data.pinned): after a features --overwrite
+        meanwhile, vocab.json is the new build's, and a scorer named items of one build by the
+        other's indices without a word. Its error too is said as the dataset replaced, when it
+        was (a vocabulary read between the swap's renames)."""
+        from hvd_ctsm.files import storage
+        pin = None if storage.is_remote(self.path) else Pin(storage.local_path(self.path),
+                                                             self.meta)
+        try:
+            value = read_from_vocab(*args)
+        except DatasetError:
+            if pin:
+                pin.check()
+            raise
+        if pin:
+            pin.check()
+        return value
 
     def check_model(self, state: dict, what: str, fix: str) -> None:
         """`state` (a model.pt's) indexes items as this dataset does; else one line with `fix`."""

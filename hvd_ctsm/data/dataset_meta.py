@@ -105,31 +105,17 @@ def check_fields(meta: dict, path: str) -> None:
                                f"(a damaged or hand-edited file): {REBUILD}")
 
 
-def read_vocab(data_dir: str | Path, meta: dict | None = None) -> tuple[str, dict]:
+def read_vocab(data_dir: str | Path) -> tuple[str, dict]:
     """The dataset's vocab.json (its path, its content); missing, not JSON, or not the bytes
-    the dataset was written with (the vocab_sha256 of `meta`, the metadata the step read;
-    default: read now): refused. An edited vocab.json renamed items without a word: scores
-    named other items, and training learnt them. Another build's vocabulary, the dataset
-    replaced since the step read `meta`, is said so (hvd_ctsm.data.pinned)."""
+    the dataset was written with (metadata.json's vocab_sha256): refused. An edited vocab.json
+    renamed items without a word: scores named other items, and training learnt them."""
     from hvd_ctsm.files import storage
     path = storage.join(data_dir, "vocab.json")
-    written = DatasetMeta(meta or read_metadata(data_dir)).vocab_sha256
     try:
         raw = storage.read_bytes(path)
     except FileNotFoundError as exc:
-        _check_same_build(data_dir, meta)
         raise DatasetError(f"{path} is missing ({exc}): {REBUILD}") from exc
-    if written and hashlib.sha256(raw).hexdigest() != written:
-        _check_same_build(data_dir, meta)
-    return path, vocab_as_written(path, raw, written)
-
-
-def _check_same_build(data_dir: str | Path, meta: dict | None) -> None:
-    """DatasetReplacedError when the local dataset no longer holds the build `meta` describes."""
-    from hvd_ctsm.data.pinned import Pin
-    from hvd_ctsm.files import storage
-    if meta is not None and not storage.is_remote(data_dir):
-        Pin(storage.local_path(data_dir), meta).check()
+    return path, vocab_as_written(path, raw, read_metadata(data_dir).vocab_sha256)
 
 
 def vocab_as_written(path: str | Path, raw: bytes, written: str) -> dict:
@@ -148,7 +134,7 @@ def vocab_as_written(path: str | Path, raw: bytes, written: str) -> dict:
 
 def item_categories(data_dir: str | Path, meta: DatasetMeta) -> list[int]:
     """Each item's category index from the dataset's vocab.json (0 = unknown), checked."""
-    path, vocab = read_vocab(data_dir, meta)
+    path, vocab = read_vocab(data_dir)
     categories = vocab.get("item_category")
     if (not isinstance(categories, list) or len(categories) != meta.num_items
             or not all(isinstance(c, int) and c >= 0 for c in categories)):
@@ -162,7 +148,7 @@ def item_tags(data_dir: str | Path, meta: DatasetMeta,
     """Each item's tag indices (genres, release-year era) from the dataset's vocab.json,
     checked; a dataset built before tags existed is refused with the fix, or with
     required=False gives None (a reader that can do without them)."""
-    path, vocab = read_vocab(data_dir, meta)
+    path, vocab = read_vocab(data_dir)
     tags, names = vocab.get("item_tags"), vocab.get("tags")
     if tags is None or names is None:
         if not required:
