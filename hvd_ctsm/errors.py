@@ -25,8 +25,8 @@ EXIT_READER_GONE = 141  # ... and by SIGPIPE (128 + 13): what reads our output s
 # Set by spark_session's Ctrl-C handler when it cancels Spark's jobs: the error the cancelled
 # job's call then raises is the interruption, not a crash.
 CTRL_C = threading.Event()
-# Set by run_cli for --debug: what would only repeat an error's one line is shown too (Spark's
-# log of a job that filled the disk: spark_session.spark_log_kept_back).
+# Set by run_cli while a --debug call runs: what would only repeat an error's one line is shown
+# too (Spark's log of a job that filled the disk: spark_session.spark_log_kept_back).
 DEBUG = threading.Event()
 EXIT_CODES = """exit codes:
   0  done
@@ -143,9 +143,12 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
-    if debug:
+    if debug:  # for this call only: a notebook's next call without --debug is not one
         DEBUG.set()
-        return main(argv)
+        try:
+            return main(argv)
+        finally:
+            DEBUG.clear()
     threads_said: list[str] = []
     try:
         with disk_full_in_threads(prog) as threads_said:

@@ -204,6 +204,20 @@ def test_a_failed_program_leaves_its_exit_code_for_run_sh(tmp_path, monkeypatch,
     capsys.readouterr()
 
 
+def test_debug_holds_for_its_own_call_only():
+    """--debug shows what a call would otherwise keep back (Spark's log of a job that filled
+    the disk) for that call: before, it stayed set for the rest of the process, so a notebook's
+    later calls without it kept Spark's log too."""
+    from hvd_ctsm.errors import DEBUG, run_cli
+
+    seen = []
+    assert run_cli(lambda argv: seen.append(DEBUG.is_set()) or 0, "p", ["--debug"]) == 0
+    with pytest.raises(ValueError):
+        run_cli(fails_with(ValueError("bad")), "p", ["--debug"])
+    assert run_cli(lambda argv: seen.append(DEBUG.is_set()) or 0, "p", []) == 0
+    assert seen == [True, False]
+
+
 def test_resume_starts_from_the_runs_own_settings(tmp_path, capsys):
     """--resume continues a run as it was set up (its config.yaml), the command's overrides on
     top; before, `--resume` alone ran on the defaults (100 epochs, early stopping on) and
