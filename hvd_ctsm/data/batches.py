@@ -314,11 +314,21 @@ def _open_petastorm_reader(url: str, rank: int, size: int, seed: int | None, shu
 
 def _of_the_pinned_build(rows, url: str) -> Iterator:
     """Petastorm opens files itself: each row is passed on once the dataset is known to be still
-    the build the step opened, and so was when the row's file was opened (hvd_ctsm.data.pinned)."""
+    the build the step opened, and so was when the row's file was opened (hvd_ctsm.data.pinned).
+    A file Petastorm failed to open or read (gone, or fewer row groups in the new build's file
+    of that name) is said to be the swap's, when it was."""
     from hvd_ctsm.files import storage
 
     split_folder = storage.local_path(url)
-    for row in rows:
+    rows = iter(rows)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except Exception:
+            check_split(split_folder)
+            raise
         check_split(split_folder)
         yield row
 
