@@ -319,7 +319,7 @@ def _of_the_pinned_build(rows, url: str) -> Iterator:
     of that name) is said to be the swap's, when it was."""
     from hvd_ctsm.files import storage
 
-    split_folder = storage.local_path(url)
+    split_folder = str(storage.local_path(url))  # once, not per row
     rows = iter(rows)
     while True:
         try:

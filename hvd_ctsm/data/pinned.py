@@ -34,17 +34,20 @@ class Pin:
 
     def __init__(self, folder: Path, meta: dict):
         self.folder = folder
+        self.metadata = os.path.join(folder, "metadata.json")
         self.sha256 = metadata_sha256(meta)
         self.seen: tuple | None = None  # metadata.json's identity once it was read as this build
 
     def check(self) -> None:
         """Raise DatasetReplacedError unless the folder still holds this build."""
+        try:  # the same file as last time: one stat, no open (Petastorm's rows check each one)
+            if _identity(os.stat(self.metadata)) == self.seen:
+                return
+        except OSError:  # said below
+            pass
         try:
-            with open(self.folder / "metadata.json", "rb") as file:
-                stat = os.fstat(file.fileno())
-                seen = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                if seen == self.seen:  # the same file as last time: no need to read it again
-                    return
+            with open(self.metadata, "rb") as file:
+                seen = _identity(os.fstat(file.fileno()))
                 same = metadata_sha256(json.loads(file.read())) == self.sha256
         except (OSError, ValueError):  # gone (between a swap's renames, or removed): not ours
             same = False
@@ -54,6 +57,11 @@ class Pin:
                 "job, e.g. features --overwrite); nothing of the new build was used: run the "
                 "step again")
         self.seen = seen
+
+
+def _identity(stat: os.stat_result) -> tuple:
+    """A file's identity: another file, or this one rewritten, has another."""
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 _PINS: dict[str, Pin] = {}  # a split's folder (resolved) -> the build its dataset was opened as
