@@ -218,6 +218,16 @@ class WorkInUse(RuntimeError):
     """Another pipeline run holds the work folder."""
 
 
+def check_work_free(work: Path) -> None:
+    """WorkInUse when another pipeline holds `work` now. Nothing is made or kept held: the
+    command asks before it starts Spark (a refused run started its application first: a local
+    JVM with the driver heap sized for the source, beside the first run's training), and
+    run_pipeline then holds it."""
+    if work.is_dir():
+        with work_held(work):
+            pass
+
+
 def run_pipeline(spark, cfg: PipelineConfig) -> int:
     """Run every step in `spark`'s application; returns the exit code (see the module doc)."""
     try:
@@ -304,6 +314,11 @@ def main(argv=None) -> int:
 
     # Under spark-submit the master comes from its --master (the JVM is already configured).
     master = resolve_master(args.master, local_default=f"local[{cfg.num_proc}]")
+    try:
+        check_work_free(Path(cfg.work))
+    except WorkInUse as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     spark = sized_spark(cfg.source, master, PROG, app_name="hvd_ctsm-pipeline")
     return run_pipeline(spark, cfg)
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from spark_jobs.pipeline import PipelineConfig, run_pipeline, work_held
+from spark_jobs.pipeline import PipelineConfig, main, run_pipeline, work_held
 from tests.conftest import REPO, TINY_SOURCE
 
 HOLDER = """
@@ -39,3 +39,24 @@ def test_a_second_pipeline_into_a_work_folder_in_use_is_refused_in_one_line(tmp_
         first.wait(timeout=60)
     with work_held(work):  # a killed run leaves no hold behind
         pass
+
+
+def test_the_command_refuses_a_work_folder_in_use_before_it_starts_spark(tmp_path, capsys):
+    """Before: the command started its Spark application (a local JVM with the driver heap
+    sized for the source, beside the first run's training) only to be refused."""
+    from pyspark import SparkContext
+
+    work, registry = tmp_path / "work", tmp_path / "registry"
+    first = subprocess.Popen([sys.executable, "-c", HOLDER, str(work)], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert first.stdout.readline().strip() == "held"
+        assert main(["--source", TINY_SOURCE, "--work", str(work), "--registry",
+                     str(registry)]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"hvd-ctsm pipeline: error: another pipeline is writing {work} now: wait for it to "
+            "end, or pick another --work"]
+        assert SparkContext._active_spark_context is None
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)
