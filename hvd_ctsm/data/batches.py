@@ -35,7 +35,7 @@ from hvd_ctsm.data.dataset_meta import DatasetError as DatasetError
 from hvd_ctsm.data.dataset_meta import DatasetMeta as DatasetMeta
 from hvd_ctsm.data.dataset_meta import check_same_vocabulary as check_same_vocabulary
 from hvd_ctsm.data.dataset_meta import read_metadata as read_metadata
-from hvd_ctsm.data.pinned import check_split, pin_split
+from hvd_ctsm.data.pinned import pin_split, rows_of_the_pinned_build
 # Importing the schema also quiets Petastorm's deprecation warnings.
 from hvd_ctsm.data.schema import EVENT_TYPES  # noqa: F401
 
@@ -304,33 +304,13 @@ def _open_petastorm_reader(url: str, rank: int, size: int, seed: int | None, shu
                          reader_pool_type="dummy")
     use_fast_decoding(reader.schema)  # np.load's header parsing dominated reading (npy_codec)
     try:
-        yield reader if storage.is_remote(url) else _of_the_pinned_build(reader, url)
+        yield reader if storage.is_remote(url) else rows_of_the_pinned_build(
+            reader, storage.local_path(url))
     finally:
         # Not `with reader`: its exit also runs cleanup_cache(), which prints "Cache cleanup
         # complete." once per rank per epoch; we use no disk cache, so stop and join suffice.
         reader.stop()
         reader.join()
-
-
-def _of_the_pinned_build(rows, url: str) -> Iterator:
-    """Petastorm opens files itself: each row is passed on once the dataset is known to be still
-    the build the step opened, and so was when the row's file was opened (hvd_ctsm.data.pinned).
-    A file Petastorm failed to open or read (gone, or fewer row groups in the new build's file
-    of that name) is said to be the swap's, when it was."""
-    from hvd_ctsm.files import storage
-
-    split_folder = str(storage.local_path(url))  # once, not per row
-    rows = iter(rows)
-    while True:
-        try:
-            row = next(rows)
-        except StopIteration:
-            return
-        except Exception:
-            check_split(split_folder)
-            raise
-        check_split(split_folder)
-        yield row
 
 
 def train_batches(url: str, rank: int, size: int, epoch: int, plan: EpochPlan, batch_size: int,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from hvd_ctsm.data.dataset_meta import DatasetError, metadata_sha256
@@ -97,3 +98,22 @@ def open_checked(path: str | Path):
         file.close()
         raise
     return file
+
+
+def rows_of_the_pinned_build(rows, split_folder: str | Path) -> Iterator:
+    """Petastorm opens files itself: each row is passed on once the dataset is known to be still
+    the build the step opened, and so was when the row's file was opened. A file Petastorm
+    failed to open or read (gone, or fewer row groups in the new build's file of that name) is
+    said to be the swap's, when it was."""
+    split_folder = str(split_folder)  # the key, once, not per row
+    rows = iter(rows)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except Exception:
+            check_split(split_folder)
+            raise
+        check_split(split_folder)
+        yield row
