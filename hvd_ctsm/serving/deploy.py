@@ -223,7 +223,7 @@ def deploy_version(model_path: str | Path, report_path: str | Path,
         remove_unfinished(registry)
         version = unnamed_copy(registry, files)
         if version is not None:  # a deploy of this model killed before it moved `current`
-            point_current_at(registry, version.name, files)
+            point_current_at(registry, version.name, files, made_here=False)
         else:
             version = publish_version(registry, files)
         register_in_mlflow(model.parent, version, report)  # champion moves in `current`'s order
@@ -265,15 +265,17 @@ def publish_version(registry: Path, files: dict[str, Path]) -> Path:
     return version
 
 
-def point_current_at(registry: Path, version: str, files: dict[str, Path]) -> None:
+def point_current_at(registry: Path, version: str, files: dict[str, Path],
+                     made_here: bool = True) -> None:
     """Check the new version, then move `current` to it. A version `current` never named is
-    removed again (this deploy made it): left there, one that a full disk kept `current` from
-    naming was never seen as deployed, and the next deploy made a copy of it beside it."""
+    removed again where this deploy made it: left there, one that a full disk kept `current`
+    from naming was never seen as deployed, and the next deploy made a copy of it beside it.
+    One an earlier deploy left (unnamed_copy) stays: this deploy did not make it."""
     try:
         verify_version(registry / version, files)
         atomic_write_bytes(registry / outputs.CURRENT, f"{version}\n".encode())
     except BaseException:
-        if current(registry) != registry / version:  # (it failed after the rename: keep it)
+        if made_here and current(registry) != registry / version:  # (failed after the rename)
             shutil.rmtree(registry / version, ignore_errors=True)
         raise
 

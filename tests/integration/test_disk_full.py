@@ -178,6 +178,38 @@ def test_a_deploy_whose_current_does_not_fit_leaves_the_registry_as_it_was(small
     assert (registry / "current").read_text() == "v0002\n"
 
 
+@pytest.mark.slow  # subprocesses
+def test_finishing_a_killed_deploy_on_a_full_disk_keeps_the_version_it_left(small_disk,
+                                                                            tmp_path):
+    """A deploy killed after publishing its version but before moving `current` leaves the
+    version whole and unnamed; the next deploy of that model points `current` at it. When that
+    `current` does not fit, the version stays: that deploy did not make it (before: removed)."""
+    data = tmp_path / "features"
+    data.mkdir()
+    (data / "metadata.json").write_text("{}")
+    (data / "vocab.json").write_text('{"items": []}')
+    disk = small_disk(1)
+    registry = disk.folder / "registry"
+    for name, weights in (("first", b"weights 1"), ("second", b"weights 2")):
+        model, report = fake_run(tmp_path / name, weights, data)
+        assert hvd_ctsm("deploy", "--model", str(model), "--report", str(report),
+                        "--registry", str(registry)).returncode == 0
+    (registry / "current").write_text("v0001\n")  # as a deploy of v0002 killed before it left
+    left = {p.name: p.read_bytes() for p in (registry / "v0002").iterdir()}
+    disk.leave(0)
+    failed = hvd_ctsm("deploy", "--model", str(model), "--report", str(report),
+                      "--registry", str(registry))
+    assert failed.returncode == 3 and failed.stderr.count("\n") == 1, failed.stderr
+    assert (registry / "current").read_text() == "v0001\n"
+    assert {p.name: p.read_bytes() for p in (registry / "v0002").iterdir()} == left
+    disk.make_room()
+    again = hvd_ctsm("deploy", "--model", str(model), "--report", str(report),
+                     "--registry", str(registry))
+    assert again.returncode == 0, again.stderr
+    assert (registry / "current").read_text() == "v0002\n"
+    assert sorted(p.name for p in registry.glob("v*")) == ["v0001", "v0002"]
+
+
 @pytest.mark.spark
 @pytest.mark.both_stacks  # Spark's words for it differ between Spark 3.5 and 4
 def test_a_feature_job_overwriting_onto_a_full_disk_keeps_the_dataset(tiny_features,
