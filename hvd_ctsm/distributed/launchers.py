@@ -93,6 +93,7 @@ def run_launcher(launcher: str, argv: list[str]) -> None:
         sys.argv = ["horovodrun", *argv]  # horovodrun reads its own sys.argv
         received: list[int] = []
         hide_gone_workers()  # this process only runs horovodrun, then exits
+        quiet_middlemen()
         try:
             with signals_recorded(received):
                 run_commandline()
@@ -147,6 +148,28 @@ def hide_gone_workers() -> None:
             previous(args)
 
     threading.excepthook = hook
+
+
+def quiet_middlemen() -> None:
+    """horovodrun starts each worker's command from a middleman process (Horovod's
+    safe_shell_exec) made by multiprocessing's 'spawn', so without this process's hook: its
+    thread that stops the worker's shell asks psutil for the children of a shell that has just
+    exited, and its psutil.NoSuchProcess traceback stood among a Ctrl-C's lines (CI, twice in
+    four runs, after hide_gone_workers: "Exception in thread Thread-1 (fn)", safe_shell_exec.py
+    line 48). The middleman now starts through middleman_without_gone_workers, which hides them
+    there too. Horovod 0.28.1 looks the target up by this module-level name at each start."""
+    from horovod.runner.common.util import safe_shell_exec
+
+    if safe_shell_exec._exec_middleman is not middleman_without_gone_workers:
+        safe_shell_exec._exec_middleman = middleman_without_gone_workers
+
+
+def middleman_without_gone_workers(*args) -> None:
+    """In the spawned middleman (a fresh interpreter: its safe_shell_exec is Horovod's own)."""
+    from horovod.runner.common.util import safe_shell_exec
+
+    hide_gone_workers()
+    safe_shell_exec._exec_middleman(*args)
 
 
 def note_launcher_signal(signum: int) -> None:

@@ -108,3 +108,21 @@ def test_ctrl_c_ends_the_run_in_one_line_and_130(launcher, tmp_path):
     said = "rank 0: interrupted" if launcher == "torchrun" else \
         "rank 0: launcher stopped by SIGINT"
     assert said in err, err[-3000:]
+
+
+@pytest.mark.horovod
+def test_horovodruns_middlemen_start_through_the_hook_and_still_run_the_command(monkeypatch,
+                                                                                 capfd):
+    """horovodrun runs each worker's command from a middleman made by 'spawn', without the
+    launcher's hook that hides a gone worker's psutil.NoSuchProcess: its traceback stood among
+    a Ctrl-C's lines. The middleman now starts through ours, which must still run the command
+    and pass on its output and exit code (the race itself cannot be made on demand)."""
+    from horovod.runner.common.util import safe_shell_exec
+
+    from hvd_ctsm.distributed import launchers
+
+    monkeypatch.setattr(safe_shell_exec, "_exec_middleman", safe_shell_exec._exec_middleman)
+    launchers.quiet_middlemen()
+    assert safe_shell_exec._exec_middleman is launchers.middleman_without_gone_workers
+    assert safe_shell_exec.execute("echo from the worker; exit 3") == 3
+    assert "from the worker" in capfd.readouterr().out
