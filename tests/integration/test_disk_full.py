@@ -133,6 +133,14 @@ def test_a_best_checkpoint_that_does_not_fit_leaves_no_partial_copy(small_disk):
     assert torch.equal(load_state(checkpoints.path_for(4))["model"], state["model"])
 
 
+def fake_features(folder: Path) -> Path:
+    """What a deploy reads of the features its report names (deploy trains nothing)."""
+    folder.mkdir()
+    (folder / "metadata.json").write_text("{}")
+    (folder / "vocab.json").write_text('{"items": []}')
+    return folder
+
+
 def fake_run(folder: Path, weights: bytes, data: Path) -> tuple[Path, Path]:
     """A run deploy takes (it checks the files and the checksum, loads no model) and its
     report whose gate passed."""
@@ -152,10 +160,7 @@ def test_a_deploy_whose_current_does_not_fit_leaves_the_registry_as_it_was(small
                                                                             tmp_path):
     """Before: the new version stayed, `current` still named the old one, exit 3 without a
     file named; the next deploy then made a copy of it as one more version."""
-    data = tmp_path / "features"
-    data.mkdir()
-    (data / "metadata.json").write_text("{}")
-    (data / "vocab.json").write_text('{"items": []}')
+    data = fake_features(tmp_path / "features")
     disk = small_disk(1)
     registry = disk.folder / "registry"
     first = fake_run(tmp_path / "first", b"weights 1", data)
@@ -184,10 +189,7 @@ def test_finishing_a_killed_deploy_on_a_full_disk_keeps_the_version_it_left(smal
     """A deploy killed after publishing its version but before moving `current` leaves the
     version whole and unnamed; the next deploy of that model points `current` at it. When that
     `current` does not fit, the version stays: that deploy did not make it (before: removed)."""
-    data = tmp_path / "features"
-    data.mkdir()
-    (data / "metadata.json").write_text("{}")
-    (data / "vocab.json").write_text('{"items": []}')
+    data = fake_features(tmp_path / "features")
     disk = small_disk(1)
     registry = disk.folder / "registry"
     for name, weights in (("first", b"weights 1"), ("second", b"weights 2")):
