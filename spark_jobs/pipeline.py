@@ -16,7 +16,6 @@ deployed), 2 bad arguments or input (a step refused it: its name and the error a
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import sys
@@ -199,16 +198,15 @@ def work_held(work: Path):
     (a schedule's next, started before the last ended) rebuilt WORK/features under the first's
     training and backtest, and its deploy could publish a model backtested on other features.
     A file system without flock on folders goes unguarded."""
+    from hvd_ctsm.files import outputs
+
     work.mkdir(parents=True, exist_ok=True)
-    fd = os.open(work, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise WorkInUse(f"another pipeline is writing {work} now: wait for it to end, or "
-                            "pick another --work") from None
-        except OSError:
-            pass
+        fd = outputs.lock_folder(work)
+    except outputs.FolderBusy:
+        raise WorkInUse(f"another pipeline is writing {work} now: wait for it to end, or "
+                        "pick another --work") from None
+    try:
         yield
     finally:
         os.close(fd)

@@ -11,6 +11,7 @@ of one. Standard library only (the Spark job imports it without torch).
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -334,3 +335,23 @@ def staged(out: str | Path, overwrite: bool, kind: str, inputs=()) -> Iterator[P
     except BaseException:
         discard(stage)  # gone already when published
         raise
+
+
+class FolderBusy(Exception):
+    """Another process holds the folder (lock_folder)."""
+
+
+def lock_folder(folder: Path) -> int:
+    """An flock on `folder` itself, taken without waiting: no file is added, and the kernel
+    drops it when its holder dies (kill -9 too). Returns the descriptor that holds it until
+    closed; FolderBusy when another process holds it. On a file system without flock on
+    folders the descriptor holds nothing: the folder goes unguarded."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FolderBusy(str(folder)) from None
+    except OSError:
+        pass
+    return fd

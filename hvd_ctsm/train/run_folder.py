@@ -7,7 +7,6 @@ folder; the rank that writes it holds it from then to the run's end (hold_run_fo
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -61,16 +60,12 @@ def hold_run_folder(out: Path, until_released: bool) -> None:
     if missing and not until_released:
         return  # nobody trains in a folder that is not there; a check makes nothing
     out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+        fd = outputs.lock_folder(out)
+    except outputs.FolderBusy:
         raise SystemExit(f"error: another `train` is writing {out} now: wait for it to end "
                          "(--resume then goes on from its checkpoints), or train into another "
                          "--out") from None
-    except OSError:
-        pass
     if until_released:
         HELD[out] = (fd, missing[-1] if missing else None)
     else:
