@@ -63,9 +63,14 @@ def check_report(report: dict, model: Path) -> None:
         raise DeployRefused("refusing to deploy: the report was made for another model file")
 
 
-def next_version(registry: Path) -> str:
+def newest_number(registry: Path) -> int:
+    """The highest version number taken in `registry` (0 for none)."""
     taken = [int(p.name[1:]) for p in registry.glob("v[0-9]*") if p.name[1:].isdigit()]
-    return f"v{max(taken, default=0) + 1:04d}"
+    return max(taken, default=0)
+
+
+def next_version(registry: Path) -> str:
+    return f"v{newest_number(registry) + 1:04d}"
 
 
 REQUIRED = ("model.pt", "model.pt.sha256", "config.yaml", "metadata.json", "vocab.json",
@@ -235,10 +240,10 @@ def unnamed_copy(registry: Path, files: dict[str, Path]) -> Path | None:
     byte for byte: what a deploy of them killed between publishing it and moving `current`
     leaves. Before, the next deploy of the same model made one more copy beside it, and the
     unnamed one stayed for good."""
-    taken = [int(p.name[1:]) for p in registry.glob("v[0-9]*") if p.name[1:].isdigit()]
-    if not taken:
+    number = newest_number(registry)
+    if not number:
         return None
-    newest = registry / f"v{max(taken):04d}"
+    newest = registry / f"v{number:04d}"
     if current(registry) == newest or not newest.is_dir():
         return None
     return newest if holds(newest, files) else None
