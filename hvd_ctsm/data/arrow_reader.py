@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 
 from hvd_ctsm.data.npy_codec import decode_npy
-from hvd_ctsm.data.pinned import check_split, open_checked
+from hvd_ctsm.data.pinned import check_split, failure_said_as_replaced, open_checked
 from hvd_ctsm.data.schema import FIELDS, SCALAR_TYPES
 
 COLUMNS = [name for name, *_ in FIELDS]  # every column, in stored order
@@ -61,11 +61,8 @@ def _parquet_files(fs, folder: str) -> list[str]:
     from pathlib import Path
 
     if fs is None:
-        try:
+        with failure_said_as_replaced(lambda: check_split(folder), FileNotFoundError):
             names = [str(p) for p in Path(folder).iterdir() if p.is_file()]
-        except FileNotFoundError:  # the dataset replaced meanwhile: say that
-            check_split(folder)
-            raise
     else:
         names = [e["name"] for e in fs.ls(folder, detail=True) if e["type"] == "file"]
     return sorted(n for n in names if n.endswith(".parquet")

@@ -35,7 +35,7 @@ from hvd_ctsm.data.dataset_meta import DatasetError as DatasetError
 from hvd_ctsm.data.dataset_meta import DatasetMeta as DatasetMeta
 from hvd_ctsm.data.dataset_meta import check_same_vocabulary as check_same_vocabulary
 from hvd_ctsm.data.dataset_meta import read_metadata as read_metadata
-from hvd_ctsm.data.pinned import pin_split, rows_of_the_pinned_build
+from hvd_ctsm.data.pinned import failure_said_as_replaced, pin_split, rows_of_the_pinned_build
 # Importing the schema also quiets Petastorm's deprecation warnings.
 from hvd_ctsm.data.schema import EVENT_TYPES  # noqa: F401
 
@@ -92,12 +92,9 @@ def split_url(data_dir: str | Path, split: str, meta: DatasetMeta | None = None)
         key, url = str(folder), (folder / split).as_uri()
         pin = pin_split(folder, split, meta)
     if (key, split, pin and pin.sha256) not in _VERIFIED:
-        try:
+        # files of another build than `meta` lists: say the dataset was replaced
+        with failure_said_as_replaced(pin and pin.check, DatasetError):
             verify_split(data_dir, split, meta)
-        except DatasetError:
-            if pin:  # files of another build than `meta` lists: say the dataset was replaced
-                pin.check()
-            raise
         _VERIFIED.add((key, split, pin and pin.sha256))
     if pin:  # the files checked may be another build's that lists the same ones
         pin.check()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hvd_ctsm.data.dataset_meta import (DatasetError, DatasetMeta, check_same_vocabulary,
                                         item_categories, item_tags, read_metadata, read_vocab)
-from hvd_ctsm.data.pinned import Pin
+from hvd_ctsm.data.pinned import Pin, failure_said_as_replaced
 from hvd_ctsm.data.schema import EVENT_TYPES
 
 
@@ -58,12 +58,8 @@ class Dataset:
         from hvd_ctsm.files import storage
         pin = None if storage.is_remote(self.path) else Pin(storage.local_path(self.path),
                                                              self.meta)
-        try:
+        with failure_said_as_replaced(pin and pin.check, DatasetError):
             value = read_from_vocab(*args)
-        except DatasetError:
-            if pin:
-                pin.check()
-            raise
         if pin:
             pin.check()
         return value

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hvd_ctsm.data.dataset_meta import DatasetError, metadata_sha256
@@ -83,15 +84,25 @@ def check_split(split_folder: str | Path) -> None:
         pin.check()
 
 
+@contextmanager
+def failure_said_as_replaced(check: Callable[[], None] | None, errors=(Exception,)):
+    """Run the block's read; if it fails with one of `errors`, `check` (a pin's) first says the
+    dataset was replaced when it was (a file gone, or of another build, because of the swap),
+    else the error stands. `check` None (a remote dataset: never pinned) checks nothing."""
+    try:
+        yield
+    except errors:
+        if check is not None:
+            check()
+        raise
+
+
 def open_checked(path: str | Path):
     """`path`, a file of a split, opened to read, once its dataset is known to be the pinned
     build (check_split); a file gone because the dataset was replaced says that."""
     split_folder = Path(path).parent
-    try:
+    with failure_said_as_replaced(lambda: check_split(split_folder), FileNotFoundError):
         file = open(path, "rb")
-    except FileNotFoundError:
-        check_split(split_folder)
-        raise
     try:
         check_split(split_folder)
     except BaseException:
@@ -106,7 +117,7 @@ def rows_of_the_pinned_build(rows, split_folder: str | Path) -> Iterator:
     failed to open or read (gone, or fewer row groups in the new build's file of that name) is
     said to be the swap's, when it was."""
     split_folder = str(split_folder)  # the key, once, not per row
-    rows = iter(rows)
+    rows = iter(rows)  # not failure_said_as_replaced: the end (StopIteration) is no failure
     while True:
         try:
             row = next(rows)
