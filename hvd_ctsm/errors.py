@@ -14,6 +14,7 @@ import re
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,6 +80,11 @@ EXIT_CODE_DIR = "HVD_CTSM_EXIT_CODE_DIR"
 LAUNCHER_SIGNAL = "launcher-signal"
 
 
+class Explained(RuntimeError):
+    """A failure whose message says all that is known of it (another rank gone): its traceback
+    would show only where this process learned of it."""
+
+
 class AnotherRankFailed(RuntimeError):
     """This rank stopped because another one failed first and said why (its own line): one
     line pointing at it, exit 3, neither "crashed" nor a guess at the cause."""
@@ -124,12 +130,25 @@ def record_exit_code(code: int) -> int:
     return code
 
 
-def run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None = None) -> int:
+# What run_cli said on stderr in this process, in order: a rank that Spark started returns its
+# line to the driver, which says it (hvd_ctsm.train.spark_train), where no one reads the rank's.
+SAID: list[str] = []
+
+
+def say(line: str) -> None:
+    """One of run_cli's lines for the user, on stderr and kept in SAID."""
+    SAID.append(line)
+    print(line, file=sys.stderr)
+
+
+def run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None = None,
+            crash_traceback: bool = False) -> int:
     """Run `main(argv)`: exit code from it, or one line on stderr and 2 (bad input, permission)
     or 3 (anything else), recorded for ./run.sh's launchers (record_exit_code). `--debug` in
-    argv lets the traceback through."""
+    argv lets the traceback through. `crash_traceback`: a crash's traceback goes on stderr
+    before its line, for a process no one can start again with --debug (a rank Spark started)."""
     try:
-        return record_exit_code(_run_cli(main, prog, argv))
+        return record_exit_code(_run_cli(main, prog, argv, crash_traceback))
     except SystemExit as stop:  # argparse's exit 2, a program's sys.exit(N)
         if isinstance(stop.code, int):
             record_exit_code(stop.code)
@@ -139,7 +158,8 @@ def run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None 
         raise
 
 
-def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None) -> int:
+def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None,
+             crash_traceback: bool) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
@@ -158,18 +178,18 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # exit's flush: no error
         return EXIT_READER_GONE
     except BAD_INPUT_ERRORS as exc:
-        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        say(f"{prog}: error: {one_line(exc)}")
         return EXIT_BAD_INPUT
     except SystemExit as stop:  # SystemExit("error: ...") is a message for the user
         if isinstance(stop.code, str):  # under the program's name, as its other errors
             named = stop.code.startswith("error:")
-            print(f"{prog}: {stop.code}" if named else stop.code, file=sys.stderr)
+            say(f"{prog}: {stop.code}" if named else stop.code)
             return EXIT_BAD_INPUT
         raise
     except KeyboardInterrupt as stop:  # Ctrl-C: its own message where a step gave one
         return interrupted(prog, stop)
     except AnotherRankFailed as follower:  # the first rank's line says why
-        print(f"{prog}: error: {follower}", file=sys.stderr)
+        say(f"{prog}: error: {follower}")
         return EXIT_CRASH
     except Exception as exc:  # noqa: BLE001  one line; --debug shows the traceback
         if CTRL_C.is_set():  # a Spark job cancelled by Ctrl-C: its call's error is the stop
@@ -177,23 +197,27 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
                                                        "cancelled"))
         full = disk_full(exc)
         if full:  # the cause is known: no "crashed", no --debug to find it
-            print(f"{prog}: error: {full}", file=sys.stderr)
+            say(f"{prog}: error: {full}")
             threads_said.clear()
             return EXIT_CRASH
         detail = spark_jvm_stopped(exc) or f"{type(exc).__name__}: {one_line(exc)}"
-        print(f"{prog}: crashed: {detail} (rerun with --debug for the traceback)",
-              file=sys.stderr)
+        if not crash_traceback:
+            detail += " (rerun with --debug for the traceback)"
+        elif not isinstance(exc, Explained):
+            traceback.print_exc()
+            detail += " (its traceback is above it)"
+        say(f"{prog}: crashed: {detail}")
         return EXIT_CRASH
     finally:
         for line in threads_said:  # a thread's full disk that the main thread did not say
-            print(line, file=sys.stderr)
+            say(line)
 
 
 def interrupted(prog: str, stop: KeyboardInterrupt) -> int:
     """Ctrl-C's one line and exit code. As the interpreter does for an uncaught exception, the
     stop is left for exit hooks to read (an open MLflow run ends KILLED, not FAILED:
     hvd_ctsm.tracking.runs.end_open_runs)."""
-    print(f"{prog}: {str(stop) or 'interrupted'}", file=sys.stderr)
+    say(f"{prog}: {str(stop) or 'interrupted'}")
     sys.last_type, sys.last_value = type(stop), stop
     return EXIT_INTERRUPTED
 

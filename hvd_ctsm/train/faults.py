@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hvd_ctsm import distributed as dist
-from hvd_ctsm.errors import AnotherRankFailed, another_rank_failed, launcher_stopped_by
+from hvd_ctsm.errors import AnotherRankFailed, Explained, another_rank_failed, launcher_stopped_by
 
 if TYPE_CHECKING:
     from hvd_ctsm.config import TrainConfig
@@ -185,9 +185,10 @@ PEER_LOST = ("closed by peer", "reset by peer", "Broken pipe", "has been shut do
 # is when the others lose it: they wait this long for it before guessing at a kill for memory.
 PEER_RECORD_WAIT_S = 3.0
 FOLLOWED = "another rank failed first (its error is above); this one stopped with it"
+LOST_A_PEER = "another rank stopped while this one was exchanging with it"
 
 
-class PeerLostError(RuntimeError):
+class PeerLostError(Explained):
     """Another rank vanished while this one exchanged with it (a step's gradients, the logged
     losses, a validation, a checkpoint); the message says what to look for."""
 
@@ -215,8 +216,13 @@ def peer_loss_reported(cfg: TrainConfig, model: CTSM) -> Iterator[None]:
 def peer_lost_message(cfg: TrainConfig, model: CTSM, exc: BaseException) -> str:
     """What a surviving rank says when the transport tells it a peer has gone."""
     first = str(exc).strip().splitlines()[0][:160]
-    return (f"another rank stopped while this one was exchanging with it ({first}). "
+    return (f"{LOST_A_PEER} ({first}). "
             f"{memory_advice(cfg, model)}")
+
+
+def followed_another(said: str) -> bool:
+    """Whether a rank's line says it stopped because another rank failed or vanished first."""
+    return FOLLOWED in said or LOST_A_PEER in said
 
 
 def stopped_message(cfg: TrainConfig, model: CTSM) -> str:

@@ -33,14 +33,32 @@ class SparkTrainingError(RuntimeError):
 
 
 def _train_rank(cfg: TrainConfig, options: LaunchOptions, env: dict[str, str]) -> dict:
-    """Runs in every rank (a process started by a Spark task, or torchrun under one)."""
+    """Runs in every rank (a process started by a Spark task, or torchrun under one), as the
+    command line's trainer does: a failure is one line on the executor's stderr and an exit
+    code, returned with that line for the driver to say. Before, the rank's traceback went up
+    through Spark, and the driver said Horovod's "Exit code: 1" or Java's trace (83 lines),
+    neither naming the cause (a full disk)."""
     os.environ.update(env)
-    from hvd_ctsm import distributed
-    from hvd_ctsm.train import launch
-    code = launch.run(cfg, options)
+    from hvd_ctsm import distributed, errors
+    from hvd_ctsm.train import faults, launch
+    errors.SAID.clear()
+    code = errors.run_cli(lambda _argv: launch.run(cfg, options), faults.PROG, [],
+                          crash_traceback=True)
+    said = errors.SAID[-1].removeprefix(f"{faults.PROG}: ").removeprefix("error: ") \
+        if code and errors.SAID else None
     # The interface Gloo used (horovod.spark sets it from the nics it was given or found).
-    return {"rank": distributed.launch_rank(), "exit_code": code,
+    return {"rank": distributed.launch_rank(), "exit_code": code, "said": said,
             "gloo_iface": os.environ.get("HOROVOD_GLOO_IFACE")}
+
+
+def failed_ranks_line(failed: list[dict]) -> str:
+    """The driver's line for ranks that failed: the line of the one that failed first (not of
+    one that stopped with it), with its rank; every rank's line (and a crash's traceback above
+    it) is in its executor's stderr."""
+    from hvd_ctsm.train.faults import followed_another
+    first = min(failed, key=lambda r: (followed_another(r["said"] or ""), r["rank"]))
+    said = first["said"] or f"exit code {first['exit_code']}"
+    return f"training on Spark failed on rank {first['rank']}: {said}"
 
 
 def spark_backend(choice: str) -> str:
@@ -173,8 +191,10 @@ def train_on_spark(cfg: TrainConfig | list[str], num_proc: int = 2, spark=None,
     except Exception as exc:  # both report a failed rank as a bare RuntimeError
         raise SparkTrainingError(f"training on Spark failed: {exc}") from exc
     failed = [r for r in results if r["exit_code"] != 0]
+    if failed:
+        raise SparkTrainingError(failed_ranks_line(failed))
     summary_path = Path(cfg.out) / "train_summary.json"
-    if failed or not summary_path.exists():
+    if not summary_path.exists():
         raise SparkTrainingError(f"training on Spark ended without {summary_path} "
                                  f"(rank results: {results})")
     summary = json.loads(summary_path.read_text())

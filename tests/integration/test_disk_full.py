@@ -260,3 +260,29 @@ def test_at_two_ranks_the_other_rank_points_at_the_full_disks_line(tiny_features
             if "hvd-ctsm train:" in line]
     assert len(ours) == 2 and ours[1 - ours.index(FOLLOWED)].startswith(
         f"hvd-ctsm train: error: no space left on device writing {out}/"), ours
+
+
+@pytest.mark.spark
+@pytest.mark.both_stacks  # Horovod's route on the classic stack, TorchDistributor's on the other
+def test_training_on_spark_onto_a_full_disk_is_the_ranks_line_on_the_driver(
+        spark, tiny_features, small_disk, capfd):
+    """Before: the notebook and the pipeline said Horovod's "Process name: 1 Exit code: 1" (and
+    the ranks' tracebacks, 176 lines of stderr), or TorchDistributor's Java trace (83 lines),
+    none naming the full disk."""
+    from hvd_ctsm.api import train_model
+    from hvd_ctsm.train.spark_train import SparkTrainingError
+
+    disk = small_disk(16)
+    out = disk.folder / "run"
+    disk.leave(100 * PAGE)  # a later checkpoint does not fit
+    small = [*SMALL_MODEL[2:], "dist.threads_per_rank=1"]
+    with pytest.raises(SparkTrainingError) as err:
+        train_model(spark, tiny_features, out, epochs=2, overrides=small)
+    assert str(err.value).startswith(
+        f"training on Spark failed on rank 0: no space left on device writing {out}/"
+    ) and str(err.value).endswith(f"then the same command with resume=True goes on from the "
+                                  f"last checkpoint in {out}"), str(err.value)
+    assert "Traceback" not in capfd.readouterr().err  # each rank said its one line
+    disk.make_room()
+    resumed = train_model(spark, tiny_features, out, epochs=2, overrides=small, resume=True)
+    assert resumed["steps"] == 2 * resumed["steps_per_epoch"] and (out / "model.pt").is_file()
