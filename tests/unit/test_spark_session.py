@@ -36,14 +36,19 @@ class FakeJvm:
         self.stderr = JvmStderr()
         self.process = subprocess.Popen(
             [sys.executable, "-c", "import sys\nwhile line := sys.stdin.readline():\n"
-             "    sys.stderr.write(line); sys.stderr.flush()"], stdin=subprocess.PIPE, text=True)
+             "    sys.stderr.write(line); sys.stderr.flush(); print(flush=True)"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.stderr.restore()
         self.stderr.release()
 
     def logs(self, text: str) -> None:
+        """Write `text` (whole lines) to the JVM's stderr; back once the copying thread has
+        read it (not a fixed sleep, which a loaded machine can outlast)."""
         self.process.stdin.write(text)
         self.process.stdin.flush()
-        time.sleep(0.3)  # read by the copying thread
+        for _ in range(text.count("\n")):  # each line written to the pipe
+            self.process.stdout.readline()
+        self.stderr._drain()  # and read from it (held, passed on or delayed, as it must be)
 
     def stop(self) -> None:
         self.process.stdin.close()
@@ -85,9 +90,12 @@ def test_a_jobs_spark_log_is_dropped_for_a_full_disk_and_kept_for_other_errors(s
 
 def test_a_jobs_spark_log_goes_on_late_while_it_runs(start_jvm, capfd, monkeypatch):
     jvm = start_jvm()
-    monkeypatch.setattr(spark_session, "JOB_LOG_DELAY_S", 0.5)
+    monkeypatch.setattr(spark_session, "JOB_LOG_DELAY_S", 2.0)  # long beside a step here
     with spark_log_kept_back():
         jvm.logs("WARN a lost executor\n")
         assert capfd.readouterr().err == ""
-        time.sleep(1.2)  # the delay, and the copying thread's poll (0.5 s)
-        assert capfd.readouterr().err == "WARN a lost executor\n"
+        said, deadline = "", time.monotonic() + 30  # the delay, then the thread's next poll
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.1)
+            said = capfd.readouterr().err
+        assert said == "WARN a lost executor\n"
