@@ -86,3 +86,37 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+TAIL_BYTES = 1 << 20  # a record is far shorter: its torn end lies within the file's last MiB
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line (a JSON record of metrics.jsonl, train_log.jsonl, events.jsonl) whole
+    or not at all, so that every line read back is a record (pandas.read_json(lines=True) and
+    jq stop at a torn one). A write that fails (a full disk) is cut back off; a line an earlier
+    process left torn (killed mid-write, or before this was so) is cut off before this one."""
+    data = line.rstrip("\n").encode() + b"\n"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, FILE_MODE)
+    try:
+        start = _cut_torn_end(fd)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError as exc:
+            os.ftruncate(fd, start)
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+    finally:
+        os.close(fd)
+
+
+def _cut_torn_end(fd: int) -> int:
+    """Cut the file after its last newline (a torn last line goes); its new size."""
+    size = os.fstat(fd).st_size
+    tail_at = max(0, size - TAIL_BYTES)
+    tail = os.pread(fd, size - tail_at, tail_at)
+    if not tail or tail.endswith(b"\n"):
+        return size
+    whole = tail_at + tail.rfind(b"\n") + 1  # 0 (the file's start) where no line ended
+    os.ftruncate(fd, whole)
+    return whole

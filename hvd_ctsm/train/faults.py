@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from hvd_ctsm import distributed as dist
 from hvd_ctsm.errors import AnotherRankFailed, Explained, another_rank_failed, launcher_stopped_by
+from hvd_ctsm.files.atomic import append_line
 
 if TYPE_CHECKING:
     from hvd_ctsm.config import TrainConfig
@@ -71,8 +72,7 @@ def step_time_report(busy_by_rank: list[float], wait_by_rank: list[float]) -> di
 
 def append_event(out: Path, event: dict) -> None:
     """One line in the run's events.jsonl (rank 0 only): faults seen and recoveries made."""
-    with open(Path(out) / "events.jsonl", "a") as f:
-        f.write(json.dumps({"time": time.time()} | event) + "\n")
+    append_line(Path(out) / "events.jsonl", json.dumps({"time": time.time()} | event))
 
 
 class StallWatcher:

@@ -31,7 +31,7 @@ from hvd_ctsm.data.batches import EpochPlan, eval_batches
 from hvd_ctsm.data.dataset import Dataset
 from hvd_ctsm.evaluation.evaluate import evaluate, model_scorer
 from hvd_ctsm.files import outputs
-from hvd_ctsm.files.atomic import atomic_write_bytes
+from hvd_ctsm.files.atomic import append_line, atomic_write_bytes
 from hvd_ctsm.model.catalog import ITEM_CHUNK
 from hvd_ctsm.model.checkpoint import CheckpointManager, save_state
 from hvd_ctsm.model.ctsm import CTSM, ModelSizes
@@ -240,8 +240,8 @@ class Trainer:
             record = logged | {"lr": self.scheduler.get_last_lr()[0], "samples_per_s": rate}
             for key, value in record.items():
                 self.writer.add_scalar(key, value, step)
-            with open(self.out / "train_log.jsonl", "a") as f:
-                f.write(json.dumps({"step": step} | record | {"step_time": stragglers}) + "\n")
+            append_line(self.out / "train_log.jsonl",
+                        json.dumps({"step": step} | record | {"step_time": stragglers}))
             bar.set_postfix(loss=f"{logged['loss/next_item']:.3f}", rows_s=f"{rate:.0f}")
         self.timer.reset()
 
@@ -352,8 +352,7 @@ class Trainer:
                     self._said_no_auc = True
                 continue
             self.writer.add_scalar(f"val_sale/{key}", value, step)
-        with open(self.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.out / "metrics.jsonl", json.dumps(record))
         log.info("epoch %d val full ndcg@10=%.4f hr@10=%.4f | sampled ndcg@10=%.4f hr@10=%.4f",
                  record["epoch"], metrics["full"]["ndcg@10"], metrics["full"]["hr@10"],
                  metrics["sampled"]["ndcg@10"], metrics["sampled"]["hr@10"])

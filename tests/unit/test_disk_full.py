@@ -200,3 +200,29 @@ def test_an_error_raised_while_handling_a_full_disk_is_its_own(capsys):
 
     assert run_cli(main, "hvd-ctsm step", []) == 3
     assert "crashed: RuntimeError: a bug" in capsys.readouterr().err
+
+
+def test_a_json_line_that_does_not_fit_is_cut_back_off(tmp_path):
+    """The trainer's metrics.jsonl, train_log.jsonl and events.jsonl: a record cut short by a
+    full disk stayed torn, and a resumed run appended after it (a reader of JSON lines stops)."""
+    log = tmp_path / "metrics.jsonl"
+    proc = in_a_subprocess_limited_to(40, f"""
+        from hvd_ctsm.files.atomic import append_line
+        append_line({str(log)!r}, '{{"epoch": 1}}')
+        append_line({str(log)!r}, '{{"epoch": 2, "ndcg@10": 0.123456789}}')
+    """)
+    assert proc.returncode != 0 and f"File too large: '{log}'" in proc.stderr, proc.stderr
+    assert log.read_text() == '{"epoch": 1}\n'
+
+
+def test_a_line_an_earlier_run_left_torn_is_cut_before_the_next(tmp_path):
+    from hvd_ctsm.files.atomic import append_line
+
+    log = tmp_path / "train_log.jsonl"
+    log.write_text('{"step": 1}\n{"step": 2, "lo')  # killed mid-write
+    append_line(log, '{"step": 3}')
+    assert log.read_text() == '{"step": 1}\n{"step": 3}\n'
+    log.write_text('{"st')  # torn with no line before it
+    append_line(log, '{"step": 4}\n')
+    append_line(log, '{"step": 5}')
+    assert log.read_text() == '{"step": 4}\n{"step": 5}\n'
