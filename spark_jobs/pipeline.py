@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hvd_ctsm.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, disk_full,
+from hvd_ctsm.errors import (CTRL_C, EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, disk_full,
                              exit_code_for, run_cli)
 from hvd_ctsm.files.storage import check_local, location
 from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP
@@ -158,11 +158,22 @@ class Steps:
         t0 = time.time()
         try:
             value = fn(*args, **kwargs)
+        except KeyboardInterrupt:  # Ctrl-C: pipeline.json said "running" for good
+            self.interrupted(name, t0)
+            raise
         except Exception as exc:
+            if CTRL_C.is_set():  # a Spark job cancelled by Ctrl-C: its error is the stop (it
+                self.interrupted(name, t0)  # was "step failed", Java's trace, exit 3)
+                raise KeyboardInterrupt("interrupted: Spark's running jobs were cancelled") \
+                    from None
             self.add(name, "failed", t0, str(exc))
             raise StepFailed(name, exc) from exc
         self.add(name, "ok", t0)
         return value
+
+    def interrupted(self, name: str, t0: float) -> None:
+        self.add(name, "interrupted", t0)
+        self.finish("interrupted")
 
     def add(self, name: str, outcome: str, t0: float, detail: str = "") -> None:
         self.record["steps"].append({"step": name, "outcome": outcome, "detail": detail,

@@ -209,9 +209,63 @@ def spark_run(fn, args: tuple = (), num_proc: int = 2, env: dict | None = None,
     the Gloo ranks use (None: every interface the tasks share)."""
     spark = _import("horovod.spark", "horovod.spark.run",
                     "set dist.backend=torch (TorchDistributor runs the same trainer)")
-    return spark.run(fn, args=args, num_proc=num_proc, use_gloo=True, env=env,
+    with horovods_signal_handlers() as stopped_by_signal, its_own_cancel_unsaid():
+        try:
+            return spark.run(fn, args=args, num_proc=num_proc, use_gloo=True, env=env,
                              start_timeout=start_timeout, verbose=verbose,
                              nics=set(nics) if nics else None)
+        except Exception:
+            if stopped_by_signal():  # Ctrl-C: the ranks' exit 143 is no failure of theirs
+                raise KeyboardInterrupt("interrupted: the training ranks were stopped") from None
+            raise
+
+
+@contextmanager
+def its_own_cancel_unsaid():
+    """While horovod.spark.run runs: when a rank fails or Ctrl-C stops them, Horovod cancels
+    its Spark job group, and the thread that waited on that job printed its traceback (30
+    lines of Python and Java: "Job 44 cancelled part of cancelled job group") above the line
+    that says why. That one goes unsaid; any other error of a thread is printed as before."""
+    import threading
+
+    previous = threading.excepthook
+
+    def hook(args) -> None:
+        if "cancelled job group horovod.spark.run" not in str(args.exc_value):
+            previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
+
+
+@contextmanager
+def horovods_signal_handlers():
+    """While horovod.spark.run runs: its launcher (horovod.runner.gloo_run.launch_gloo) makes
+    SIGINT and SIGTERM set an event that stops the ranks (exit 143), and never puts the
+    handlers back, so that after one training on Spark Ctrl-C did nothing (the pipeline's
+    backtest, a notebook's interrupt), and a Ctrl-C during it ended as a failed run (exit 3
+    and a Java trace). The handlers are put back after; yields whether Horovod's event was set
+    (a SIGINT or SIGTERM came)."""
+    import signal
+
+    gloo_run = importlib.import_module("horovod.runner.gloo_run")
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    register, events = gloo_run.register_shutdown_event, []
+
+    def registered():
+        events.append(register())
+        return events[-1]
+
+    gloo_run.register_shutdown_event = registered
+    try:
+        yield lambda: any(event.is_set() for event in events)
+    finally:
+        gloo_run.register_shutdown_event = register
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def torch_estimator(**kwargs):

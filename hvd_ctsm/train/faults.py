@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hvd_ctsm.train.faults")
 PROG = "hvd-ctsm train"  # the trainer's one-line messages start with it, as its errors do
+STARTED_BY = "HVD_CTSM_RANK_STARTED_BY"  # "spark" in a rank that Spark started (spark_train)
 # A rank whose busy time per step is this many times the median is called slow in the log.
 SLOW_FACTOR = 1.5
 _STALL_START = re.compile(r"waiting for remainder of ranks for more than|is stalled for longer")
@@ -236,6 +237,10 @@ def stopped_message(cfg: TrainConfig, model: CTSM) -> str:
                 f"command with --resume goes on from the last checkpoint in {cfg.out}")
     if another_rank_failed():  # the launcher saw it exit, after it wrote its code
         return f"{PROG}: error: {FOLLOWED}"
+    if os.environ.get(STARTED_BY) == "spark":  # horovod.spark's or TorchDistributor's rank
+        return (f"{PROG}: stopped by SIGTERM, which Spark's driver sends every rank when "
+                "another rank fails or Ctrl-C stops the driver (its line says which). "
+                + memory_advice(cfg, model))
     return (f"{PROG}: error: stopped by SIGTERM, which torchrun and horovodrun send every rank "
             "when another rank fails (and a scheduler sends when it stops the job). "
             + memory_advice(cfg, model))

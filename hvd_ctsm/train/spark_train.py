@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hvd_ctsm.config import ConfigError, TrainConfig
 from hvd_ctsm.data.batches import read_metadata, shard_rows, split_url
+from hvd_ctsm.train.faults import STARTED_BY
 from hvd_ctsm.train.launch import LaunchOptions, check_run_folder, parse_command
 
 
@@ -177,7 +178,7 @@ def train_on_spark(cfg: TrainConfig | list[str], num_proc: int = 2, spark=None,
         wait_for_task_slots(spark, num_proc, 0 if local else cfg.dist.spark_slot_wait_s)
     nics = spark_nics(cfg.dist.spark_nics) if backend == "horovod" else None
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // num_proc)
-    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", STARTED_BY: "spark"}
     from hvd_ctsm import distributed
     try:
         if backend == "torch":  # TorchDistributor returns one rank's result: rank 0's task's, or

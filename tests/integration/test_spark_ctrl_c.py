@@ -1,6 +1,7 @@
 """Ctrl-C while the driver waits on a Spark job (hvd_ctsm.spark_session.cancel_jobs_on_ctrl_c):
 the job is cancelled, the command says so in one line and exits 130."""
 
+import json
 import os
 import signal
 import subprocess
@@ -36,3 +37,38 @@ def test_ctrl_c_during_a_spark_job_cancels_it_and_ends_in_one_line_and_130():
     assert "job finished" not in rest and "Traceback" not in rest, rest
     assert rest.strip().splitlines() == ["ctrl-c-test: interrupted: Spark's running jobs were "
                                          "cancelled"], rest
+
+
+@pytest.mark.parametrize("during", ["features", "train"])
+def test_ctrl_c_during_a_pipeline_step_ends_it_in_one_line_and_130(tmp_path, during):
+    """Before: in the feature step, "error: step 'features' failed: Py4JJavaError ... cancelled"
+    with Java's frames, exit 3; in training (Horovod's route), Horovod's "Exit code: 143" after
+    a thread's 30-line traceback, exit 3, and Horovod's signal handlers stayed (a later Ctrl-C
+    did nothing). Either way pipeline.json said "running" for good."""
+    work = tmp_path / "work"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hvd_ctsm", "pipeline", "--work", str(work),
+         "--source", "synthetic:clients=200,items=50,events=6000,seed=3",
+         "--registry", str(tmp_path / "registry"), "--row-groups", "4", "--max-len", "30",
+         "epochs=100", "data.batch_size=16", "model.dim=16", "model.layers=1", "progress=false",
+         "tracking.enabled=false", "dist.threads_per_rank=1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    ready = "features: reading" if during == "features" else "hvd_ctsm.train: epoch 2 val"
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if ready in line:
+            break
+    assert ready in seen[-1], "".join(seen)
+    time.sleep(2)
+    os.killpg(proc.pid, signal.SIGINT)
+    said = "".join(seen) + proc.stdout.read()
+    assert proc.wait(timeout=120) == 130, said
+    ours = [line for line in said.splitlines() if line.startswith("hvd-ctsm pipeline:")]
+    assert len(ours) == 1 and ours[0].startswith("hvd-ctsm pipeline: interrupted"), said
+    assert "Traceback" not in said, said
+    record = json.loads((work / "pipeline.json").read_text())
+    assert record["result"] == "interrupted", record
+    assert record["steps"][-1]["step"] == during and \
+        record["steps"][-1]["outcome"] == "interrupted", record

@@ -1,6 +1,7 @@
 """The trainer on Spark executors (horovod.spark.run, Gloo) end to end on ML-100K, local[2]."""
 
 import json
+import signal
 
 import pytest
 
@@ -31,7 +32,10 @@ def test_two_ranks_on_spark_write_a_model_and_a_report(spark, ml_features, tmp_p
     out = tmp_path / "run"
     cfg = load_config(None, [f"data.path={ml_features}", f"out={out}", "epochs=1",
                              "dist.spark_nics=lo", *SMALL])
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     summary = train_on_spark(cfg, num_proc=2, spark=spark)
+    # Horovod's launcher left its own there: after it, Ctrl-C did nothing (a notebook's too)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
     assert summary["ranks"] == 2
     assert [r["gloo_iface"] for r in summary["spark_ranks"]] == ["lo", "lo"]  # nics= reached Gloo
     assert summary["steps"] == summary["steps_per_epoch"] > 0  # one whole epoch
