@@ -209,11 +209,20 @@ def spark_run(fn, args: tuple = (), num_proc: int = 2, env: dict | None = None,
     the Gloo ranks use (None: every interface the tasks share)."""
     spark = _import("horovod.spark", "horovod.spark.run",
                     "set dist.backend=torch (TorchDistributor runs the same trainer)")
+    with horovod_on_spark():
+        return spark.run(fn, args=args, num_proc=num_proc, use_gloo=True, env=env,
+                         start_timeout=start_timeout, verbose=verbose,
+                         nics=set(nics) if nics else None)
+
+
+@contextmanager
+def horovod_on_spark():
+    """Around horovod.spark.run: Horovod's signal handlers put back after it, its own job
+    cancel unsaid, and a run that Ctrl-C (or SIGTERM) stopped raised as KeyboardInterrupt, not
+    as the ranks' failure. (A TorchEstimator's fit, tried, leaves the handlers as they were.)"""
     with horovods_signal_handlers() as stopped_by_signal, its_own_cancel_unsaid():
         try:
-            return spark.run(fn, args=args, num_proc=num_proc, use_gloo=True, env=env,
-                             start_timeout=start_timeout, verbose=verbose,
-                             nics=set(nics) if nics else None)
+            yield
         except Exception:
             if stopped_by_signal():  # Ctrl-C: the ranks' exit 143 is no failure of theirs
                 raise KeyboardInterrupt("interrupted: the training ranks were stopped") from None
