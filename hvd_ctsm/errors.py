@@ -192,9 +192,9 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
         say(f"{prog}: error: {follower}")
         return EXIT_CRASH
     except Exception as exc:  # noqa: BLE001  one line; --debug shows the traceback
-        if CTRL_C.is_set():  # a Spark job cancelled by Ctrl-C: its call's error is the stop
-            return interrupted(prog, KeyboardInterrupt("interrupted: Spark's running jobs were "
-                                                       "cancelled"))
+        stop = ctrl_c_stop()
+        if stop:  # a Spark job cancelled by Ctrl-C: its call's error is the stop
+            return interrupted(prog, stop)
         full = disk_full(exc)
         if full:  # the cause is known: no "crashed", no --debug to find it
             say(f"{prog}: error: {full}")
@@ -211,6 +211,14 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
     finally:
         for line in threads_said:  # a thread's full disk that the main thread did not say
             say(line)
+
+
+def ctrl_c_stop() -> KeyboardInterrupt | None:
+    """The stop to raise or say instead of an error when Ctrl-C's handler has cancelled Spark's
+    jobs (CTRL_C): the failed call's error is their cancelling. None without a Ctrl-C."""
+    if CTRL_C.is_set():
+        return KeyboardInterrupt("interrupted: Spark's running jobs were cancelled")
+    return None
 
 
 def interrupted(prog: str, stop: KeyboardInterrupt) -> int:

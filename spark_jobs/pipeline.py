@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hvd_ctsm.errors import (CTRL_C, EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, disk_full,
-                             exit_code_for, run_cli)
+from hvd_ctsm.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, ctrl_c_stop,
+                             disk_full, exit_code_for, run_cli)
 from hvd_ctsm.files.storage import check_local, location
 from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP
 
@@ -162,10 +162,10 @@ class Steps:
             self.interrupted(name, t0)
             raise
         except Exception as exc:
-            if CTRL_C.is_set():  # a Spark job cancelled by Ctrl-C: its error is the stop (it
-                self.interrupted(name, t0)  # was "step failed", Java's trace, exit 3)
-                raise KeyboardInterrupt("interrupted: Spark's running jobs were cancelled") \
-                    from None
+            stop = ctrl_c_stop()  # a Spark job Ctrl-C cancelled: the stop, not "step failed"
+            if stop:
+                self.interrupted(name, t0)
+                raise stop from None
             self.add(name, "failed", t0, str(exc))
             raise StepFailed(name, exc) from exc
         self.add(name, "ok", t0)

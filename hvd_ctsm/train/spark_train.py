@@ -25,7 +25,7 @@ from pathlib import Path
 
 from hvd_ctsm.config import ConfigError, TrainConfig
 from hvd_ctsm.data.batches import read_metadata, shard_rows, split_url
-from hvd_ctsm.train.faults import STARTED_BY
+from hvd_ctsm.train import faults
 from hvd_ctsm.train.launch import LaunchOptions, check_run_folder, parse_command
 
 
@@ -41,7 +41,7 @@ def _train_rank(cfg: TrainConfig, options: LaunchOptions, env: dict[str, str]) -
     neither naming the cause (a full disk)."""
     os.environ.update(env)
     from hvd_ctsm import distributed, errors
-    from hvd_ctsm.train import faults, launch
+    from hvd_ctsm.train import launch
     errors.SAID.clear()
     code = errors.run_cli(lambda _argv: launch.run(cfg, options), faults.PROG, [],
                           crash_traceback=True)
@@ -56,8 +56,7 @@ def failed_ranks_line(failed: list[dict]) -> str:
     """The driver's line for ranks that failed: the line of the one that failed first (not of
     one that stopped with it), with its rank; every rank's line (and a crash's traceback above
     it) is in its executor's stderr."""
-    from hvd_ctsm.train.faults import followed_another
-    first = min(failed, key=lambda r: (followed_another(r["said"] or ""), r["rank"]))
+    first = min(failed, key=lambda r: (faults.followed_another(r["said"] or ""), r["rank"]))
     said = first["said"] or f"exit code {first['exit_code']}"
     return f"training on Spark failed on rank {first['rank']}: {said}"
 
@@ -178,7 +177,7 @@ def train_on_spark(cfg: TrainConfig | list[str], num_proc: int = 2, spark=None,
         wait_for_task_slots(spark, num_proc, 0 if local else cfg.dist.spark_slot_wait_s)
     nics = spark_nics(cfg.dist.spark_nics) if backend == "horovod" else None
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // num_proc)
-    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", STARTED_BY: "spark"}
+    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", faults.STARTED_BY: "spark"}
     from hvd_ctsm import distributed
     try:
         if backend == "torch":  # TorchDistributor returns one rank's result: rank 0's task's, or
