@@ -148,3 +148,31 @@ def test_the_sparse_comm_hook_averages_as_ddps_own_sparse_allreduce_does(tmp_pat
         assert any(any(row) for row in own["item"])
         for name in ("item", "out"):
             torch.testing.assert_close(torch.tensor(hooked[name]), torch.tensor(own[name]))
+
+
+def test_the_drivers_view_of_torchrun_agents_leaves_out_only_the_exit_barrier_race(monkeypatch):
+    """torch's exit barrier race (its issue 69520) logged a traceback after every worker had
+    finished; on the driver it followed a rank's one-line error and read as a crash (CI, stop
+    76). The lines around it, another error of the agent's, and a partial line stay."""
+    import io
+
+    from hvd_ctsm.distributed.torch_backend import exit_barrier_race_unsaid
+
+    at = "E1202 07:22:37.391000 13414 site-packages/torch/distributed/elastic/agent/server/api.py"
+    race = [f"{at}:1008] Error waiting on exit barrier. Elapsed: 0.01 seconds\n",
+            f"{at}:1008] Traceback (most recent call last):\n",
+            f'{at}:1008]   File "api.py", line 994, in _exit_barrier\n',
+            f"{at}:1008] torch.distributed.DistNetworkError: Failed to recv, got 0 bytes.\n"]
+    other = f"{at}:720] failed (exitcode: -9) local_rank: 0 (pid: 13420) of binary: python\n"
+    seen = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", seen)
+    with exit_barrier_race_unsaid(sys, "stderr"):
+        sys.stderr.write("hvd-ctsm train: error: no space left on device\n")
+        for line in race:  # as pyspark's log server writes them: a line a write
+            sys.stderr.write(line)
+        sys.stderr.write("epoch 1 50%\r")
+        sys.stderr.write("".join([other, *race, "done\n"]))
+        assert sys.stderr.fileno == seen.fileno  # the rest is the stream's own
+    assert sys.stderr is seen
+    assert seen.getvalue() == ("hvd-ctsm train: error: no space left on device\n"
+                               f"epoch 1 50%\r{other}done\n")
