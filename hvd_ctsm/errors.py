@@ -23,9 +23,11 @@ from urllib.parse import unquote
 EXIT_OK, EXIT_REFUSED, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # the shell's code for a command ended by SIGINT (128 + 2)
 EXIT_READER_GONE = 141  # ... and by SIGPIPE (128 + 13): what reads our output stopped (| head)
-# Set by spark_session's Ctrl-C handler when it cancels Spark's jobs: the error the cancelled
-# job's call then raises is the interruption, not a crash.
+EXIT_TERMINATED = 143  # ... and by SIGTERM (128 + 15): a scheduler's or a cluster manager's stop
+# Set by spark_session's Ctrl-C (and SIGTERM) handler when it cancels Spark's jobs: the error the
+# cancelled job's call then raises is the interruption, not a crash. TERMINATED: it was SIGTERM.
 CTRL_C = threading.Event()
+TERMINATED = threading.Event()
 # Set by run_cli while a --debug call runs: what would only repeat an error's one line is shown
 # too (Spark's log of a job that filled the disk: spark_session.spark_log_kept_back).
 DEBUG = threading.Event()
@@ -38,6 +40,8 @@ EXIT_CODES = """exit codes:
   3  crashed: a bug or an environment problem (a full disk: its line names the path); rerun
      with --debug for the traceback
 130  interrupted (Ctrl-C); a training run goes on from its last checkpoint with --resume
+143  stopped by SIGTERM (a scheduler's or a cluster manager's stop): as 130 (said by the
+     launchers, and by the commands that start Spark themselves)
 141  what read the output stopped reading (`| head`), as for any command the pipe stops"""
 
 
@@ -51,6 +55,11 @@ def arg_parser(prog: str | None, description: str) -> argparse.ArgumentParser:
 BAD_INPUT_ERRORS: tuple[type[BaseException], ...] = (
     ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError,
     IsADirectoryError, PermissionError)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM's stop, raised where Ctrl-C's KeyboardInterrupt is: the same way out (finally
+    blocks, a stage removed), then its own line and exit 143 (run_cli)."""
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -215,19 +224,23 @@ def _run_cli(main: Callable[[list[str]], int], prog: str, argv: list[str] | None
 
 def ctrl_c_stop() -> KeyboardInterrupt | None:
     """The stop to raise or say instead of an error when Ctrl-C's handler has cancelled Spark's
-    jobs (CTRL_C): the failed call's error is their cancelling. None without a Ctrl-C."""
+    jobs (CTRL_C): the failed call's error is their cancelling. None without a Ctrl-C. After a
+    SIGTERM that the same handler took (TERMINATED), the stop is Terminated."""
+    if TERMINATED.is_set():
+        return Terminated("stopped by SIGTERM: Spark's running jobs were cancelled")
     if CTRL_C.is_set():
         return KeyboardInterrupt("interrupted: Spark's running jobs were cancelled")
     return None
 
 
 def interrupted(prog: str, stop: KeyboardInterrupt) -> int:
-    """Ctrl-C's one line and exit code. As the interpreter does for an uncaught exception, the
-    stop is left for exit hooks to read (an open MLflow run ends KILLED, not FAILED:
-    hvd_ctsm.tracking.runs.end_open_runs)."""
-    say(f"{prog}: {str(stop) or 'interrupted'}")
+    """Ctrl-C's (or SIGTERM's) one line and exit code. As the interpreter does for an uncaught
+    exception, the stop is left for exit hooks to read (an open MLflow run ends KILLED, not
+    FAILED: hvd_ctsm.tracking.runs.end_open_runs)."""
+    terminated = isinstance(stop, Terminated)
+    say(f"{prog}: {str(stop) or ('stopped by SIGTERM' if terminated else 'interrupted')}")
     sys.last_type, sys.last_value = type(stop), stop
-    return EXIT_INTERRUPTED
+    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 # A full disk (or quota) is the environment, not the command or its input: exit 3, as for a

@@ -178,9 +178,17 @@ def cancel_jobs_on_ctrl_c(sc) -> None:
     KeyboardInterrupt inside that Py4J call: the driver's connection to the JVM broke, and the
     command ended in pages of Py4J tracebacks and "crashed". Ctrl-C in Python code stops it at
     once, as usual, and a third Ctrl-C wherever it is. Only a session this process starts,
-    from its main thread: a notebook's handler is its own."""
+    from its main thread: a notebook's handler is its own.
+
+    A SIGTERM (a scheduler's stop, a cluster manager's) is taken alike where it had no handler
+    (or this one): the command ended where it was with pipeline.json saying "running" and its
+    stage left behind. It says "stopped by SIGTERM" and exits 143 (errors.Terminated)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _CtrlC(sc))
+        handler = _CtrlC(sc)
+        signal.signal(signal.SIGINT, handler)
+        term = signal.getsignal(signal.SIGTERM)
+        if term is signal.SIG_DFL or isinstance(term, _CtrlC):  # a launcher's stays its own
+            signal.signal(signal.SIGTERM, handler)
 
 
 class _CtrlC:
@@ -189,8 +197,11 @@ class _CtrlC:
 
     def __call__(self, signum, frame):
         self.presses += 1
+        sigterm = signum == signal.SIGTERM
         if self.presses > 2 or not waiting_on_the_jvm(frame):
-            raise KeyboardInterrupt
+            raise errors.Terminated("stopped by SIGTERM") if sigterm else KeyboardInterrupt
+        if sigterm:
+            errors.TERMINATED.set()
         errors.CTRL_C.set()
         if self.presses == 1:
             threading.Thread(target=self._cancel_jobs, name="ctrl-c", daemon=True).start()

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hvd_ctsm.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, ctrl_c_stop,
-                             disk_full, exit_code_for, run_cli)
+from hvd_ctsm.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, Terminated, arg_parser,
+                             ctrl_c_stop, disk_full, exit_code_for, run_cli)
 from hvd_ctsm.files.storage import check_local, location
 from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP
 
@@ -158,22 +158,23 @@ class Steps:
         t0 = time.time()
         try:
             value = fn(*args, **kwargs)
-        except KeyboardInterrupt:  # Ctrl-C: pipeline.json said "running" for good
-            self.interrupted(name, t0)
+        except KeyboardInterrupt as stop:  # Ctrl-C: pipeline.json said "running" for good
+            self.interrupted(name, t0, stop)
             raise
         except Exception as exc:
             stop = ctrl_c_stop()  # a Spark job Ctrl-C cancelled: the stop, not "step failed"
             if stop:
-                self.interrupted(name, t0)
+                self.interrupted(name, t0, stop)
                 raise stop from None
             self.add(name, "failed", t0, str(exc))
             raise StepFailed(name, exc) from exc
         self.add(name, "ok", t0)
         return value
 
-    def interrupted(self, name: str, t0: float) -> None:
-        self.add(name, "interrupted", t0)
-        self.finish("interrupted")
+    def interrupted(self, name: str, t0: float, stop: KeyboardInterrupt) -> None:
+        said = "stopped by SIGTERM" if isinstance(stop, Terminated) else "interrupted"
+        self.add(name, said, t0)
+        self.finish(said)
 
     def add(self, name: str, outcome: str, t0: float, detail: str = "") -> None:
         self.record["steps"].append({"step": name, "outcome": outcome, "detail": detail,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import time
 from contextlib import contextmanager, nullcontext
 
@@ -15,6 +16,7 @@ import torch
 
 from hvd_ctsm.distributed.base import (Backend, BackendError, create_optimizer_state,
                                        horovod_importable)
+from hvd_ctsm.errors import Terminated
 
 _hvd = None  # horovod.torch once init() ran
 
@@ -218,13 +220,17 @@ def spark_run(fn, args: tuple = (), num_proc: int = 2, env: dict | None = None,
 @contextmanager
 def horovod_on_spark():
     """Around horovod.spark.run: Horovod's signal handlers put back after it, its own job
-    cancel unsaid, and a run that Ctrl-C (or SIGTERM) stopped raised as KeyboardInterrupt, not
-    as the ranks' failure. (A TorchEstimator's fit, tried, leaves the handlers as they were.)"""
-    with horovods_signal_handlers() as stopped_by_signal, its_own_cancel_unsaid():
+    cancel unsaid, and a run that Ctrl-C stopped raised as KeyboardInterrupt (SIGTERM: as
+    errors.Terminated), not as the ranks' failure. (A TorchEstimator's fit, tried, leaves the
+    handlers as they were.)"""
+    with horovods_signal_handlers() as stopped_by, its_own_cancel_unsaid():
         try:
             yield
         except Exception:
-            if stopped_by_signal():  # Ctrl-C: the ranks' exit 143 is no failure of theirs
+            signum = stopped_by()  # Ctrl-C: the ranks' exit 143 is no failure of theirs
+            if signum == signal.SIGTERM:
+                raise Terminated("stopped by SIGTERM: the training ranks were stopped") from None
+            if signum is not None:
                 raise KeyboardInterrupt("interrupted: the training ranks were stopped") from None
             raise
 
@@ -256,21 +262,24 @@ def horovods_signal_handlers():
     SIGINT and SIGTERM set an event that stops the ranks (exit 143), and never puts the
     handlers back, so that after one training on Spark Ctrl-C did nothing (the pipeline's
     backtest, a notebook's interrupt), and a Ctrl-C during it ended as a failed run (exit 3
-    and a Java trace). The handlers are put back after; yields whether Horovod's event was set
-    (a SIGINT or SIGTERM came)."""
-    import signal
-
+    and a Java trace). The handlers are put back after; yields a function that tells which
+    signal Horovod's handlers took (SIGINT, SIGTERM; None if none came)."""
     gloo_run = importlib.import_module("horovod.runner.gloo_run")
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    register, events = gloo_run.register_shutdown_event, []
+    register, came = gloo_run.register_shutdown_event, []
 
     def registered():
-        events.append(register())
-        return events[-1]
+        event = register()
+        for sig in before:  # Horovod's handler, noting which signal came first
+            horovods = signal.getsignal(sig)
+            if callable(horovods):
+                signal.signal(sig, lambda signum, frame, handler=horovods: (
+                    came.append(signum), handler(signum, frame)))
+        return event
 
     gloo_run.register_shutdown_event = registered
     try:
-        yield lambda: any(event.is_set() for event in events)
+        yield lambda: came[0] if came else None
     finally:
         gloo_run.register_shutdown_event = register
         for sig, handler in before.items():

@@ -1,5 +1,5 @@
 """Ctrl-C while the driver waits on a Spark job (hvd_ctsm.spark_session.cancel_jobs_on_ctrl_c):
-the job is cancelled, the command says so in one line and exits 130."""
+the job is cancelled, the command says so in one line and exits 130; a SIGTERM alike, exit 143."""
 
 import json
 import os
@@ -16,9 +16,19 @@ from tests.conftest import REPO
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.both_stacks]  # PySpark 3.5 and 4
 
 
-def test_ctrl_c_during_a_spark_job_cancels_it_and_ends_in_one_line_and_130():
+SIGNALED = {  # what the command says and its exit code
+    "ctrl-c": ("ctrl-c-test: interrupted: Spark's running jobs were cancelled", 130),
+    "sigterm": ("ctrl-c-test: stopped by SIGTERM: Spark's running jobs were cancelled", 143)}
+
+
+@pytest.mark.parametrize("stop, to_group", [
+    ("ctrl-c", True),  # a terminal's Ctrl-C: the whole group
+    ("sigterm", False),  # a scheduler's stop of the process (a container's PID 1, `timeout`)
+    ("sigterm", True)])  # ... or of its group: Spark's JVM has SIGTERM too, and stops at once
+def test_ctrl_c_or_sigterm_during_a_spark_job_cancels_it_and_ends_in_one_line(stop, to_group):
     """Before, PySpark's handler raised KeyboardInterrupt inside the Py4J call: the connection
-    to the JVM broke, Py4J logged tracebacks, and the command "crashed" (exit 3)."""
+    to the JVM broke, Py4J logged tracebacks, and the command "crashed" (exit 3). A SIGTERM
+    ended the process where it was, saying nothing (a stage left, pipeline.json "running")."""
     worker = Path(__file__).parents[1] / "helpers" / "spark_ctrl_c_worker.py"
     proc = subprocess.Popen([sys.executable, str(worker)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=REPO,
@@ -30,20 +40,24 @@ def test_ctrl_c_during_a_spark_job_cancels_it_and_ends_in_one_line_and_130():
             break
     time.sleep(1)
     started = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
+    (os.killpg if to_group else os.kill)(
+        proc.pid, signal.SIGINT if stop == "ctrl-c" else signal.SIGTERM)
     rest = proc.stdout.read()
-    assert proc.wait(timeout=60) == 130, "".join(seen) + rest
+    line, code = SIGNALED[stop]
+    assert proc.wait(timeout=60) == code, "".join(seen) + rest
     assert time.monotonic() - started < 30  # cancelled, not run to its end (about 40 s)
     assert "job finished" not in rest and "Traceback" not in rest, rest
-    assert rest.strip().splitlines() == ["ctrl-c-test: interrupted: Spark's running jobs were "
-                                         "cancelled"], rest
+    assert rest.strip().splitlines() == [line], rest
 
 
-def test_ctrl_c_during_the_pipelines_training_ends_it_in_one_line_and_130(tmp_path):
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_during_the_pipelines_training_ends_it_in_one_line(tmp_path, stop):
     """Horovod's route on the classic stack, TorchDistributor's on the other. Before, under
     Horovod: its "Exit code: 143" after a thread's 30-line traceback, exit 3, and its signal
-    handlers stayed (a later Ctrl-C did nothing); pipeline.json said "running" for good. (A
-    feature step's Spark job cancelled: tests/unit/test_pipeline_steps.py.)"""
+    handlers stayed (a later Ctrl-C did nothing); pipeline.json said "running" for good, as it
+    did after a SIGTERM on either route. Ctrl-C goes to the group, as a terminal sends it; the
+    SIGTERM to the pipeline's process only, as a scheduler's. (A feature step's Spark job
+    cancelled: tests/unit/test_pipeline_steps.py.)"""
     work = tmp_path / "work"
     proc = subprocess.Popen(
         [sys.executable, "-m", "hvd_ctsm", "pipeline", "--work", str(work),
@@ -61,13 +75,17 @@ def test_ctrl_c_during_the_pipelines_training_ends_it_in_one_line_and_130(tmp_pa
             break
     assert ready in seen[-1], "".join(seen)
     time.sleep(2)
-    os.killpg(proc.pid, signal.SIGINT)
+    if stop == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        os.kill(proc.pid, signal.SIGTERM)
     said = "".join(seen) + proc.stdout.read()
-    assert proc.wait(timeout=120) == 130, said
+    outcome, code = ("interrupted", 130) if stop == "ctrl-c" else ("stopped by SIGTERM", 143)
+    assert proc.wait(timeout=120) == code, said
     ours = [line for line in said.splitlines() if line.startswith("hvd-ctsm pipeline:")]
-    assert len(ours) == 1 and ours[0].startswith("hvd-ctsm pipeline: interrupted"), said
+    assert len(ours) == 1 and ours[0].startswith(f"hvd-ctsm pipeline: {outcome}"), said
     assert "Traceback" not in said, said
     record = json.loads((work / "pipeline.json").read_text())
-    assert record["result"] == "interrupted", record
+    assert record["result"] == outcome, record
     assert record["steps"][-1]["step"] == "train" and \
-        record["steps"][-1]["outcome"] == "interrupted", record
+        record["steps"][-1]["outcome"] == outcome, record
