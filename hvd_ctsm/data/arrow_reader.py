@@ -26,6 +26,7 @@ from urllib.parse import unquote, urlparse
 
 import numpy as np
 
+from hvd_ctsm.data.dataset_meta import REBUILD, DatasetError
 from hvd_ctsm.data.npy_codec import decode_npy
 from hvd_ctsm.data.pinned import check_split, failure_said_as_replaced, open_checked
 from hvd_ctsm.data.schema import FIELDS, SCALAR_TYPES
@@ -130,12 +131,30 @@ def read_row_group(url: str, group: RowGroup, fields: list[str] | None = None) -
 
     fields = list(fields or COLUMNS)
     fs, _ = _location(url)
-    with _open(fs, group.path) as f:
+    with _open(fs, group.path) as f, damaged_said(group):
         table = pq.ParquetFile(f).read_row_group(group.index, columns=fields)
     row_type = namedtuple("Row", fields)
     columns = [[decode(v) for v in table.column(name).to_pylist()]  # column by column: faster
                for name, decode in zip(fields, map(_decoder, fields), strict=True)]
     return [row_type(*values) for values in zip(*columns, strict=True)]
+
+
+@contextmanager
+def damaged_said(group: RowGroup):
+    """A row group that pyarrow cannot decode is a damaged file of the dataset: its one line
+    (DatasetError, exit 2), not a crash's traceback. Its footer was read when the split was
+    planned and its size matched the dataset's listing, so only its pages are damaged; a
+    system's I/O error (it has an errno) stays what it is."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (OSError, pa.ArrowException) as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise DatasetError(f"{group.path}: row group {group.index} cannot be read ({first}): "
+                           f"the file is damaged; {REBUILD}") from exc
 
 
 @contextmanager

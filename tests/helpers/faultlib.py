@@ -140,3 +140,14 @@ def record(test: str, **values) -> None:
     if path:
         with open(path, "a") as f:
             f.write(json.dumps({"test": test} | values) + "\n")
+
+
+def damage_pages(path: Path, column: int = 0) -> None:
+    """Flip 400 bytes of a Parquet file's first row group's `column` pages in place: its size,
+    footer and row counts stay, so only reading those pages finds the damage."""
+    import pyarrow.parquet as pq
+
+    start = pq.ParquetFile(path).metadata.row_group(0).column(column).data_page_offset + 20
+    data = bytearray(path.read_bytes())
+    data[start:start + 400] = bytes(b ^ 0x5A for b in data[start:start + 400])
+    path.write_bytes(bytes(data))

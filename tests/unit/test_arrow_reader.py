@@ -9,6 +9,7 @@ import pytest
 
 from hvd_ctsm.data.arrow_reader import shard_order
 from hvd_ctsm.data.batches import DatasetError, reader_name
+from tests.helpers import faultlib as fl
 
 
 def test_shard_order_keeps_each_rank_to_its_own_row_groups():
@@ -25,3 +26,30 @@ def test_an_unknown_reader_is_refused_in_one_line(monkeypatch):
     monkeypatch.setenv("HVD_CTSM_READER", "parquet")
     with pytest.raises(DatasetError, match="use arrow"):
         reader_name()
+
+
+def test_a_damaged_page_is_the_files_one_line_and_a_system_error_stays_its_own(tmp_path,
+                                                                            monkeypatch):
+    """Bytes of a column's pages changed (its size, and so the dataset's file listing, as it
+    was): before, a rank crashed mid-training with pyarrow's traceback ("Unexpected end of
+    stream"); now the damaged file is its line and exit 2, like any other damage."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hvd_ctsm.data.arrow_reader import RowGroup, read_row_group
+
+    path = tmp_path / "part-00001.parquet"
+    pq.write_table(pa.table({"client_id": pa.array(range(5000), pa.int64())}), path)
+    group = RowGroup(str(path), 0, 5000)
+    assert len(read_row_group(str(tmp_path), group, ["client_id"])) == 5000
+    fl.damage_pages(path)
+    with pytest.raises(DatasetError, match=rf"^{path}: row group 0 cannot be read \(.+\): the "
+                                           r"file is damaged; rebuild the features"):
+        read_row_group(str(tmp_path), group, ["client_id"])
+
+    def unreadable(*args, **kwargs):  # the storage's own failure: not called damage
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", unreadable)
+    with pytest.raises(OSError, match="Input/output error"):
+        read_row_group(str(tmp_path), group, ["client_id"])
