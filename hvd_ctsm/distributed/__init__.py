@@ -168,7 +168,7 @@ def torch_spark_run(fn, args: tuple = (), num_proc: int = 2, local_mode: bool = 
                     use_gpu: bool = False):
     """fn(*args) in `num_proc` torch ranks started by Spark's TorchDistributor (rank 0's result);
     the ranks start the torch backend (dist.backend auto or torch)."""
-    from hvd_ctsm.distributed.torch_backend import spark_run as run
+    from hvd_ctsm.distributed.torch_spark import spark_run as run
 
     return run(fn, args, num_proc, local_mode=local_mode, use_gpu=use_gpu)
 

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import inspect
 import os
-import re
-import sys
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as td
@@ -219,65 +217,3 @@ class TorchBackend(Backend):
 
     def threads_outlive_shutdown(self) -> bool:
         return self.launched  # Gloo's threads (NCCL's not checked): distributed.exit_process
-
-
-def spark_run(fn, args: tuple = (), num_proc: int = 2, local_mode: bool = False,
-              use_gpu: bool = False):
-    """Run fn(*args) in `num_proc` torchrun workers started by Spark's TorchDistributor; returns
-    rank 0's result. local_mode=False: one worker per Spark task (a barrier stage on the
-    executors); True: all of them on the driver's host."""
-    from pyspark.ml.torch.distributor import TorchDistributor
-
-    distributor = TorchDistributor(num_processes=num_proc, local_mode=local_mode,
-                                   use_gpu=use_gpu)
-    # The driver prints the torchrun agents' output: to stderr from the executors' tasks, to
-    # stdout in local_mode.
-    with exit_barrier_race_unsaid(sys, "stderr"), exit_barrier_race_unsaid(sys, "stdout"):
-        return distributor.run(fn, *args)
-
-
-# torchrun's agents meet at an exit barrier once their workers are done, on a store that the
-# first node's agent serves. That agent leaves as soon as the last one has arrived, and the last
-# one's own wait can then find the store gone: it logs "Error waiting on exit barrier" and a
-# traceback, then ends as it would have (torch's open issue 69520). Every worker had already
-# finished, so the block says nothing about the run, and after a rank's one-line error it read
-# as a crash. Each line of it carries the same "E1202 07:22:37.391000 13414 .../api.py:1008]".
-_EXIT_BARRIER_ERROR = re.compile(r"^(E\d{4} [\d:.]+ +\d+ \S+:\d+\] )Error waiting on exit barrier")
-
-
-class _WithoutExitBarrierRace:
-    """A text stream that passes every write on except the exit barrier race's lines."""
-
-    def __init__(self, stream):
-        self._stream = stream
-        self._dropping = None  # the prefix of the block being dropped
-
-    def write(self, text: str) -> int:
-        if not text.endswith("\n"):  # a partial line (a progress bar): not the agents' log
-            self._dropping = None
-            return self._stream.write(text)
-        kept = []
-        for line in text.splitlines(keepends=True):
-            block = _EXIT_BARRIER_ERROR.match(line)
-            if block:
-                self._dropping = block.group(1)
-            elif not (self._dropping and line.startswith(self._dropping)):
-                self._dropping = None
-                kept.append(line)
-        if kept:
-            self._stream.write("".join(kept))
-        return len(text)
-
-    def __getattr__(self, name):  # flush, fileno, encoding, isatty...: the stream's own
-        return getattr(self._stream, name)
-
-
-@contextmanager
-def exit_barrier_race_unsaid(module, name: str):
-    """module.name (sys.stderr) without the exit barrier race's block while the block runs."""
-    stream = getattr(module, name)
-    setattr(module, name, _WithoutExitBarrierRace(stream))
-    try:
-        yield
-    finally:
-        setattr(module, name, stream)

@@ -48,8 +48,16 @@ def _train_rank(cfg: TrainConfig, options: LaunchOptions, env: dict[str, str]) -
     said = errors.SAID[-1].removeprefix(f"{faults.PROG}: ").removeprefix("error: ") \
         if code and errors.SAID else None
     # The interface Gloo used (horovod.spark sets it from the nics it was given or found).
-    return {"rank": distributed.launch_rank(), "exit_code": code, "said": said,
-            "gloo_iface": os.environ.get("HOROVOD_GLOO_IFACE")}
+    result = {"rank": distributed.launch_rank(), "exit_code": code, "said": said,
+              "gloo_iface": os.environ.get("HOROVOD_GLOO_IFACE")}
+    if code and distributed.launched_by_torchrun():  # TorchDistributor returns one result
+        from hvd_ctsm.distributed import torch_spark
+        if said and faults.followed_another(said):
+            result["before"] = torch_spark.failures_before(
+                result["rank"], int(os.environ["WORLD_SIZE"]))
+        else:
+            torch_spark.leave_failure(result)
+    return result
 
 
 def failed_ranks_line(failed: list[dict]) -> str:
@@ -191,6 +199,7 @@ def train_on_spark(cfg: TrainConfig | list[str], num_proc: int = 2, spark=None,
     except Exception as exc:  # both report a failed rank as a bare RuntimeError
         raise SparkTrainingError(f"training on Spark failed: {exc}") from exc
     failed = [r for r in results if r["exit_code"] != 0]
+    failed += [before for r in failed for before in r.pop("before", [])]
     if failed:
         raise SparkTrainingError(failed_ranks_line(failed))
     summary_path = Path(cfg.out) / "train_summary.json"

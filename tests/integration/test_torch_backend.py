@@ -184,3 +184,28 @@ def test_torch_distributor_trains_on_spark_tasks_like_horovod_spark(spark, tiny_
     assert summary["ranks"] == 2 and summary["steps"] == 2 * PER_EPOCH
     assert len(set(summary["parameter_checksums"])) == 1
     assert fl.same_model(whole_run / "model.pt", out / "model.pt")
+
+
+@pytest.mark.both_stacks
+@pytest.mark.spark
+def test_a_rank_that_failed_first_is_the_drivers_line_under_torch_distributor(
+        spark, tiny_features, tmp_path):
+    """TorchDistributor returns rank 0's result alone. Rank 1 read a damaged file of its shard
+    and stopped; rank 0 only saw it go, and the driver said rank 0's line ("another rank
+    stopped while this one was exchanging with it"), the cause only in rank 1's executor log.
+    Rank 1 leaves its line in torchrun's agents' store, and rank 0 brings it back."""
+    import shutil
+
+    from hvd_ctsm.train.spark_train import SparkTrainingError, train_on_spark
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_features, data)
+    damaged = data / "train" / "part-00001.parquet"  # row group 1: rank 1's alone
+    fl.damage_pages(damaged, column=2)  # the item column: the plan reads target_pos only
+    with pytest.raises(SparkTrainingError) as err:
+        train_on_spark(fl.trainer_cmd(data, tmp_path / "run", *RUN, "dist.backend=torch",
+                                      "dist.threads_per_rank=1")[3:], num_proc=2, spark=spark)
+    assert str(err.value).startswith(f"training on Spark failed on rank 1: {damaged}: row group "
+                                     "0 cannot be read ("), str(err.value)
+    assert str(err.value).endswith("the file is damaged; rebuild the features with "
+                                   "spark_jobs.build_features"), str(err.value)

@@ -156,7 +156,7 @@ def test_the_drivers_view_of_torchrun_agents_leaves_out_only_the_exit_barrier_ra
     76). The lines around it, another error of the agent's, and a partial line stay."""
     import io
 
-    from hvd_ctsm.distributed.torch_backend import exit_barrier_race_unsaid
+    from hvd_ctsm.distributed.torch_spark import exit_barrier_race_unsaid
 
     at = "E1202 07:22:37.391000 13414 site-packages/torch/distributed/elastic/agent/server/api.py"
     race = [f"{at}:1008] Error waiting on exit barrier. Elapsed: 0.01 seconds\n",
