@@ -9,7 +9,9 @@ metrics; the model knows nothing of distribution.
     net, optimizer = backend.wrap(model, optimizer, cfg.dist)
 
 The functions below (rank(), allreduce_sum(), ...) call the backend that was started. Horovod's own
-extras (Elastic Horovod, horovod.spark) are re-exported from horovod_backend. The self-test runs
+extras (Elastic Horovod, horovod.spark) are re-exported from horovod_backend; Spark's
+TorchDistributor route is torch_spark (torch_spark_run, and a failed rank's line for the rank
+whose result comes back). The self-test runs
 under either launcher:
 
     horovodrun -np 2 --gloo python -m hvd_ctsm.distributed selftest
