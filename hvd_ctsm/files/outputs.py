@@ -252,7 +252,7 @@ def staging_dir(out: Path, overwrite: bool, kind: str = "features", inputs=()) -
 
 def publish(stage: Path, out: Path, overwrite: bool = True) -> None:
     """Move the finished output into place; an old output is removed only after the swap. A
-    Ctrl-C meanwhile waits for the swap: between its two renames OUT is nowhere.
+    Ctrl-C or a SIGTERM meanwhile waits for the swap: between its two renames OUT is nowhere.
 
     Another job may have published the same OUT since this one was checked (overlapping runs of
     a scheduled command): without `overwrite` its output stays and this one is refused (before,
@@ -260,7 +260,7 @@ def publish(stage: Path, out: Path, overwrite: bool = True) -> None:
     landing between the other's two renames made that rename fail (crashed, "Directory not
     empty"), and one moving OUT aside just before the other did made that one fail ("OUT not
     found"): the swap is now tried again."""
-    with ctrl_c_deferred():
+    with stops_deferred():
         for _ in range(SWAP_TRIES):
             if out.exists() and not overwrite:
                 raise OutputExistsError(
@@ -300,19 +300,30 @@ def _remove_old(old: Path | None) -> None:
 
 
 @contextmanager
-def ctrl_c_deferred() -> Iterator[None]:
-    """SIGINT within the block is held and raised as KeyboardInterrupt after it (in the main
-    thread; elsewhere a block runs as it is, as no signal reaches it)."""
+def stops_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM within the block are held until it ends (in the main thread; elsewhere
+    a block runs as it is, as no signal reaches it). Then SIGINT is raised as KeyboardInterrupt,
+    and SIGTERM does what it would have done: its handler's stop (spark_session's Terminated),
+    or, where it had none, the end of the process. Before, a SIGTERM between the swap's two
+    renames left OUT nowhere, and the next run removed both folders as a killed run's temps."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    pressed = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    came: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: came.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-    if pressed and previous is not signal.SIG_IGN:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if signal.SIGTERM in came:
+        term = previous[signal.SIGTERM]
+        if term is signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGTERM)  # as it would have: the process ends here
+        elif callable(term):
+            term(signal.SIGTERM, None)
+    if signal.SIGINT in came and previous[signal.SIGINT] is not signal.SIG_IGN:
         raise KeyboardInterrupt
 
 

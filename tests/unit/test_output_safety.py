@@ -106,6 +106,50 @@ def test_ctrl_c_during_the_swap_waits_for_it_to_end(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+SIGTERM_MIDWAY = """
+import os, signal, sys
+from pathlib import Path
+from hvd_ctsm.files import outputs
+out, stage = Path(sys.argv[1]) / "out", Path(sys.argv[1]) / ".out.tmp-1"
+replace = os.replace
+def sent_midway(src, dst):  # a scheduler's SIGTERM right after OUT was moved aside
+    replace(src, dst)
+    if Path(src) == out:
+        os.kill(os.getpid(), signal.SIGTERM)
+outputs.os.replace = sent_midway
+if sys.argv[2] == "handled":  # as spark_session's handler: a stop raised
+    from hvd_ctsm.errors import Terminated
+    def stop(signum, frame):
+        raise Terminated("stopped by SIGTERM")
+    signal.signal(signal.SIGTERM, stop)
+try:
+    outputs.publish(stage, out)
+except KeyboardInterrupt:  # Terminated is one
+    sys.exit(143)
+print("went on")
+"""
+
+
+@pytest.mark.parametrize("handler", ["default", "handled"])
+def test_sigterm_during_the_swap_waits_for_it_to_end(tmp_path, handler):
+    """A SIGTERM between the swap's two renames left OUT nowhere (the process ended there; with
+    spark_session's handler, its stop discarded the stage), and the next run removed the old
+    output aside as a killed run's temp. It is held until the swap is done, then does what it
+    would have: the process ends by it, or the handler's stop is raised."""
+    out, stage = tmp_path / "out", tmp_path / ".out.tmp-1"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    stage.mkdir()
+    (stage / "new.txt").write_text("new")
+    ran = subprocess.run([sys.executable, "-c", SIGTERM_MIDWAY, str(tmp_path), handler],
+                         capture_output=True, text=True, cwd=REPO, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert ran.returncode == (-15 if handler == "default" else 143), ran.stderr
+    assert "went on" not in ran.stdout
+    assert (out / "new.txt").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def test_nothing_is_written_inside_a_dataset_or_a_registry(tmp_path):
     """`score --out feat2/serving/new.parquet` wrote into another dataset, exit 0; that dataset
     was then refused as damaged. A run, a scores folder or a file there is refused first."""
