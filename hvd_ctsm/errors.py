@@ -40,9 +40,9 @@ EXIT_CODES = """exit codes:
   3  crashed: a bug or an environment problem (a full disk: its line names the path); rerun
      with --debug for the traceback
 130  interrupted (Ctrl-C); a training run goes on from its last checkpoint with --resume
+141  what read the output stopped reading (`| head`), as for any command the pipe stops
 143  stopped by SIGTERM (a scheduler's or a cluster manager's stop): as 130 (said by the
-     launchers, and by the commands that start Spark themselves)
-141  what read the output stopped reading (`| head`), as for any command the pipe stops"""
+     launchers, and by the commands that start Spark themselves)"""
 
 
 def arg_parser(prog: str | None, description: str) -> argparse.ArgumentParser:
@@ -60,6 +60,11 @@ BAD_INPUT_ERRORS: tuple[type[BaseException], ...] = (
 class Terminated(KeyboardInterrupt):
     """SIGTERM's stop, raised where Ctrl-C's KeyboardInterrupt is: the same way out (finally
     blocks, a stage removed), then its own line and exit 143 (run_cli)."""
+
+
+def stop_said(stop: KeyboardInterrupt) -> str:
+    """What a stop is called in a line or a record: by SIGTERM, or by Ctrl-C."""
+    return "stopped by SIGTERM" if isinstance(stop, Terminated) else "interrupted"
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -237,10 +242,9 @@ def interrupted(prog: str, stop: KeyboardInterrupt) -> int:
     """Ctrl-C's (or SIGTERM's) one line and exit code. As the interpreter does for an uncaught
     exception, the stop is left for exit hooks to read (an open MLflow run ends KILLED, not
     FAILED: hvd_ctsm.tracking.runs.end_open_runs)."""
-    terminated = isinstance(stop, Terminated)
-    say(f"{prog}: {str(stop) or ('stopped by SIGTERM' if terminated else 'interrupted')}")
+    say(f"{prog}: {str(stop) or stop_said(stop)}")
     sys.last_type, sys.last_value = type(stop), stop
-    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
 
 
 # A full disk (or quota) is the environment, not the command or its input: exit 3, as for a

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hvd_ctsm.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, Terminated, arg_parser,
-                             ctrl_c_stop, disk_full, exit_code_for, run_cli)
+from hvd_ctsm.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, ctrl_c_stop,
+                             disk_full, exit_code_for, run_cli, stop_said)
 from hvd_ctsm.files.storage import check_local, location
 from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP
 
@@ -172,9 +172,8 @@ class Steps:
         return value
 
     def interrupted(self, name: str, t0: float, stop: KeyboardInterrupt) -> None:
-        said = "stopped by SIGTERM" if isinstance(stop, Terminated) else "interrupted"
-        self.add(name, said, t0)
-        self.finish(said)
+        self.add(name, stop_said(stop), t0)
+        self.finish(stop_said(stop))
 
     def add(self, name: str, outcome: str, t0: float, detail: str = "") -> None:
         self.record["steps"].append({"step": name, "outcome": outcome, "detail": detail,

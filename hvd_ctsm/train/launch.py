@@ -24,7 +24,7 @@ from hvd_ctsm import distributed as dist
 from hvd_ctsm.config import ConfigError, TrainConfig, config_from_argv, config_yaml
 from hvd_ctsm.data.batches import shard_rows, split_url
 from hvd_ctsm.data.dataset_meta import read_metadata
-from hvd_ctsm.errors import AGAIN, DISK_FULL, NoSpaceError, Terminated
+from hvd_ctsm.errors import AGAIN, DISK_FULL, NoSpaceError, stop_said
 from hvd_ctsm.files import outputs, storage
 from hvd_ctsm.train import elastic_loop, faults
 from hvd_ctsm.train import loop as train
@@ -139,8 +139,7 @@ def checked_run(cfg: TrainConfig, options: LaunchOptions, resume: bool) -> int:
     except KeyboardInterrupt as stop:  # Ctrl-C: one line, with the way on (errors.run_cli)
         if options.elastic:
             raise
-        said = "stopped by SIGTERM" if isinstance(stop, Terminated) else "interrupted"
-        raise type(stop)(f"{said}; the same command with --resume goes on from the last "
+        raise type(stop)(f"{stop_said(stop)}; the same command with --resume goes on from the last "
                          f"checkpoint in {cfg.out}") from None
     except OSError as exc:  # a full disk: its line (hvd_ctsm.errors.run_cli), with the way on
         if exc.errno not in DISK_FULL or options.elastic:
