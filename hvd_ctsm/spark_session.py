@@ -3,6 +3,7 @@ machine or a cluster."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -198,6 +199,8 @@ class _CtrlC:
     def __call__(self, signum, frame):
         self.presses += 1
         sigterm = signum == signal.SIGTERM
+        if sigterm:
+            self._jvm_end_unsaid()
         if self.presses > 2 or not waiting_on_the_jvm(frame):
             raise errors.Terminated("stopped by SIGTERM") if sigterm else KeyboardInterrupt
         if sigterm:
@@ -205,6 +208,18 @@ class _CtrlC:
         errors.CTRL_C.set()
         if self.presses == 1:
             threading.Thread(target=self._cancel_jobs, name="ctrl-c", daemon=True).start()
+
+    def _jvm_end_unsaid(self) -> None:
+        """A SIGTERM to the process group (a scheduler's stop of a job: YARN's, Airflow's) stops
+        Spark's JVM as well; pyspark starts it ignoring SIGINT, not SIGTERM. The calls waiting on
+        it then fail: Py4J logged each failure's traceback ("Exception while sending command"),
+        and PySpark's accumulator server printed its lost connection's (EOFError), around the
+        one line. This process is ending: the stop's line is the news."""
+        logging.getLogger().addFilter(
+            lambda record: "Exception while sending command" not in record.getMessage())
+        server = getattr(self.sc, "_accumulatorServer", None)
+        if server is not None:
+            server.handle_error = lambda request, client_address: None
 
     def _cancel_jobs(self):
         """The running jobs, then any job the driver starts on its way out, until it stops."""
