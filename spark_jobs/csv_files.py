@@ -3,7 +3,9 @@
 Spark reads a folder of CSV files by position: the first file's header names the columns of
 every file, and each other header is skipped unread. A file whose columns stand in another order
 (`item_id,client_id,...`) would have its ids swapped without a word, so every header is compared
-first (the first record of each file only, read as RFC 4180 as the job reads it).
+first (the first record of each file only, read as RFC 4180 as the job reads it); in a folder at
+a URL too, from each file's first 64 KiB (spark_jobs.sources). The line endings below are
+checked in local files only: at a URL that would read every file twice.
 
 Line endings: Spark's multi-line CSV reader ends every record of a file with the line ending of
 its first line. In a file that mixes CRLF and LF records (files joined together, an editor that
@@ -18,6 +20,7 @@ A folder without such a file is read as before.
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 from spark_jobs.validate import SchemaError
@@ -28,6 +31,12 @@ PATTERN = "*.csv"  # only these are read from a folder: a README beside them is 
 def header(path: Path) -> list[str]:
     with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:  # BOM or not
         return next(csv.reader(f), [])
+
+
+def header_of(start: bytes) -> list[str]:
+    """The header in a file's first bytes (a file at a URL, of which only they are read)."""
+    text = start.decode("utf-8-sig", errors="replace")  # BOM or not
+    return next(csv.reader(io.StringIO(text, newline="")), [])
 
 
 CRLF, LF, CR = b"\r\n", b"\n", b"\r"
@@ -104,15 +113,20 @@ def line_options(files: list[Path]) -> dict:
 
 def check_same_headers(folder: Path) -> None:
     """SchemaError naming two files whose headers differ (their columns or their order)."""
-    files = csv_files(folder)
-    if not files:
+    check_headers_alike(folder, [(str(path.relative_to(folder)), header(path))
+                                 for path in csv_files(folder)])
+
+
+def check_headers_alike(folder, headers: list[tuple[str, list[str]]]) -> None:
+    """SchemaError naming the first file and another whose headers differ; `headers`: (file's
+    name in `folder`, its header), in the order Spark lists the files."""
+    if not headers:
         return
-    first = header(files[0])
-    for path in files[1:]:
-        other = header(path)
+    (first_name, first), others = headers[0], headers[1:]
+    for name, other in others:
         if other != first:
             raise SchemaError(
-                f"CSV files with different headers in {folder}: {files[0].name} has "
-                f"{','.join(first)}, {path.relative_to(folder)} has {','.join(other)}; Spark "
+                f"CSV files with different headers in {folder}: {first_name} has "
+                f"{','.join(first)}, {name} has {','.join(other)}; Spark "
                 "reads every file by the first one's column order: give every file the same "
                 "header, or read them as separate inputs")

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pandas as pd
@@ -150,6 +151,8 @@ def read_table(spark, path: str) -> DataFrame:
     if storage.is_remote(path):
         location, suffix, csv_inside = path, Path(path).suffix.lower(), _remote_csv_inside(spark,
                                                                                           path)
+        if csv_inside:
+            csv_files.check_headers_alike(path, _remote_csv_headers(spark, path))
     else:
         p = storage.local_path(path)
         if not p.exists():
@@ -189,6 +192,40 @@ def _remote_csv_inside(spark, url: str) -> bool:
             raise SourceError(f"no such file or folder: {url}; check the URL")
         return fs.isDirectory(path) and len(fs.globStatus(jvm.org.apache.hadoop.fs.Path(
             url.rstrip("/") + "/*.csv"))) > 0
+    except Py4JJavaError as exc:
+        raise _hadoop_error(url, exc) from None
+
+
+HEADER_BYTES = 1 << 16  # of each CSV file at a URL, to read its header from
+
+
+def _remote_csv_headers(spark, url: str) -> list[tuple[str, list[str]]]:
+    """(name under `url`, header) of each CSV file in the folder at `url`, sorted by name, read
+    through the Hadoop filesystem Spark reads it with: the first HEADER_BYTES of each file. As
+    for a local folder (csv_files.check_same_headers): Spark takes every file's columns from
+    the first one's header, and a file with its columns in another order had its ids swapped."""
+    sc = spark.sparkContext
+    jvm = sc._jvm
+    root = jvm.org.apache.hadoop.fs.Path(url)
+    try:
+        fs = root.getFileSystem(sc._jsc.hadoopConfiguration())
+        names, found = [], fs.listFiles(root, True)
+        while found.hasNext():
+            path = found.next().getPath()
+            if fnmatch(path.getName(), csv_files.PATTERN):
+                names.append(path.toString())
+        headers = []
+        prefix = fs.makeQualified(root).toString().rstrip("/") + "/"
+        commons_io = jvm.org.apache.commons.io  # Spark's own jars hold it (Java 8 too)
+        for name in sorted(names):
+            stream = fs.open(jvm.org.apache.hadoop.fs.Path(name))
+            try:
+                start = bytes(commons_io.IOUtils.toByteArray(
+                    commons_io.input.BoundedInputStream(stream, HEADER_BYTES)))
+            finally:
+                stream.close()
+            headers.append((name.removeprefix(prefix), csv_files.header_of(start)))
+        return headers
     except Py4JJavaError as exc:
         raise _hadoop_error(url, exc) from None
 

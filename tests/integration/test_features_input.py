@@ -145,6 +145,30 @@ def test_a_csv_folder_reads_only_its_csv_files_and_refuses_headers_in_another_or
         read_table(spark, str(tmp_path))
 
 
+def test_a_csv_folder_at_a_url_has_its_headers_compared_too(spark, tmp_path, monkeypatch):
+    """At a URL (s3a://, abfss://, dbfs:/) the files were not read before Spark read them, and a
+    file with its columns in another order had its ids swapped without a word. Their first
+    bytes are read through the Hadoop filesystem Spark reads them with; its file:// one here
+    (this machine's Spark has no cloud filesystem), nested and quoted as Spark lists them."""
+    from spark_jobs import sources
+    from spark_jobs.sources import _remote_csv_headers, read_table
+    from spark_jobs.validate import SchemaError
+
+    (tmp_path / "day=1").mkdir()
+    (tmp_path / "a.csv").write_bytes(b'\xef\xbb\xbfclient_id,"item_id",timestamp\r\nc1,i1,100\r\n')
+    (tmp_path / "day=1" / "b.csv").write_text('client_id,item_id,"time\nstamp"\nc2,i2,200\n')
+    (tmp_path / "notes.txt").write_text("not input\n")
+    url = tmp_path.as_uri()
+    headers = _remote_csv_headers(spark, url)
+    assert headers == [("a.csv", ["client_id", "item_id", "timestamp"]),
+                       ("day=1/b.csv", ["client_id", "item_id", "time\nstamp"])]
+    # read_table's route for a URL, with file:// taken as one (as s3a:// would be)
+    monkeypatch.setattr(sources.storage, "is_remote", lambda location: True)
+    with pytest.raises(SchemaError, match="different headers .* a.csv has client_id,item_id,"
+                                          "timestamp, day=1/b.csv has client_id,item_id,time"):
+        read_table(spark, url)
+
+
 def test_a_csv_file_mixing_crlf_and_lf_lines_reads_as_one_with_either(spark, tmp_path):
     """Spark ended every record of a file with its first line's ending: after LF lines a CRLF
     line's last field kept its CR (item 'i2\r' beside 'i2', an ISO timestamp rejected), and
