@@ -22,21 +22,26 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import BinaryIO
 
 from spark_jobs.validate import SchemaError
 
 PATTERN = "*.csv"  # only these are read from a folder: a README beside them is not input
 
 
+HEADER_BYTES = 1 << 16  # read of each CSV file at a URL, to take its header from
+
+
 def header(path: Path) -> list[str]:
-    with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:  # BOM or not
-        return next(csv.reader(f), [])
+    with path.open("rb") as f:
+        return header_of(f)
 
 
-def header_of(start: bytes) -> list[str]:
-    """The header in a file's first bytes (a file at a URL, of which only they are read)."""
-    text = start.decode("utf-8-sig", errors="replace")  # BOM or not
-    return next(csv.reader(io.StringIO(text, newline="")), [])
+def header_of(data: BinaryIO) -> list[str]:
+    """The first record of a file's bytes (a local file, or a file at a URL's first
+    HEADER_BYTES), read as RFC 4180 as the job reads it."""
+    text = io.TextIOWrapper(data, encoding="utf-8-sig", errors="replace", newline="")  # BOM or not
+    return next(csv.reader(text), [])
 
 
 CRLF, LF, CR = b"\r\n", b"\n", b"\r"

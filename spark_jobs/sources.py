@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -184,10 +185,8 @@ def _remote_csv_inside(spark, url: str) -> bool:
     """Whether the folder at `url` holds CSV files, asked of the Hadoop filesystem Spark itself
     reads `url` with; SourceError when Spark has none for its scheme, cannot reach it, or
     finds nothing there."""
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(url)
+    jvm, fs, path = _hadoop_filesystem(spark, url)
     try:
-        fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
         if not fs.exists(path):
             raise SourceError(f"no such file or folder: {url}; check the URL")
         return fs.isDirectory(path) and len(fs.globStatus(jvm.org.apache.hadoop.fs.Path(
@@ -196,19 +195,13 @@ def _remote_csv_inside(spark, url: str) -> bool:
         raise _hadoop_error(url, exc) from None
 
 
-HEADER_BYTES = 1 << 16  # of each CSV file at a URL, to read its header from
-
-
 def _remote_csv_headers(spark, url: str) -> list[tuple[str, list[str]]]:
     """(name under `url`, header) of each CSV file in the folder at `url`, sorted by name, read
-    through the Hadoop filesystem Spark reads it with: the first HEADER_BYTES of each file. As
+    through the Hadoop filesystem Spark reads it with: the first csv_files.HEADER_BYTES. As
     for a local folder (csv_files.check_same_headers): Spark takes every file's columns from
     the first one's header, and a file with its columns in another order had its ids swapped."""
-    sc = spark.sparkContext
-    jvm = sc._jvm
-    root = jvm.org.apache.hadoop.fs.Path(url)
+    jvm, fs, root = _hadoop_filesystem(spark, url)
     try:
-        fs = root.getFileSystem(sc._jsc.hadoopConfiguration())
         names, found = [], fs.listFiles(root, True)
         while found.hasNext():
             path = found.next().getPath()
@@ -221,11 +214,21 @@ def _remote_csv_headers(spark, url: str) -> list[tuple[str, list[str]]]:
             stream = fs.open(jvm.org.apache.hadoop.fs.Path(name))
             try:
                 start = bytes(commons_io.IOUtils.toByteArray(
-                    commons_io.input.BoundedInputStream(stream, HEADER_BYTES)))
+                    commons_io.input.BoundedInputStream(stream, csv_files.HEADER_BYTES)))
             finally:
                 stream.close()
-            headers.append((name.removeprefix(prefix), csv_files.header_of(start)))
+            headers.append((name.removeprefix(prefix), csv_files.header_of(io.BytesIO(start))))
         return headers
+    except Py4JJavaError as exc:
+        raise _hadoop_error(url, exc) from None
+
+
+def _hadoop_filesystem(spark, url: str):
+    """(the JVM, the Hadoop filesystem Spark reads `url` with, `url` as its Path)."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(url)
+    try:
+        return jvm, path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
     except Py4JJavaError as exc:
         raise _hadoop_error(url, exc) from None
 
