@@ -16,9 +16,9 @@ from tests.conftest import REPO
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.both_stacks]  # PySpark 3.5 and 4
 
 
-SIGNALED = {  # what the command says and its exit code
-    "ctrl-c": ("ctrl-c-test: interrupted: Spark's running jobs were cancelled", 130),
-    "sigterm": ("ctrl-c-test: stopped by SIGTERM: Spark's running jobs were cancelled", 143)}
+STOPS = {  # the signal, what the command's line starts with, and its exit code
+    "ctrl-c": (signal.SIGINT, "interrupted", 130),
+    "sigterm": (signal.SIGTERM, "stopped by SIGTERM", 143)}
 
 
 @pytest.mark.parametrize("stop, to_group", [
@@ -40,14 +40,14 @@ def test_ctrl_c_or_sigterm_during_a_spark_job_cancels_it_and_ends_in_one_line(st
             break
     time.sleep(1)
     started = time.monotonic()
-    (os.killpg if to_group else os.kill)(
-        proc.pid, signal.SIGINT if stop == "ctrl-c" else signal.SIGTERM)
+    sent, outcome, code = STOPS[stop]
+    (os.killpg if to_group else os.kill)(proc.pid, sent)
     rest = proc.stdout.read()
-    line, code = SIGNALED[stop]
     assert proc.wait(timeout=60) == code, "".join(seen) + rest
     assert time.monotonic() - started < 30  # cancelled, not run to its end (about 40 s)
     assert "job finished" not in rest and "Traceback" not in rest, rest
-    assert rest.strip().splitlines() == [line], rest
+    assert rest.strip().splitlines() == [
+        f"ctrl-c-test: {outcome}: Spark's running jobs were cancelled"], rest
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
@@ -75,12 +75,9 @@ def test_ctrl_c_or_sigterm_during_the_pipelines_training_ends_it_in_one_line(tmp
             break
     assert ready in seen[-1], "".join(seen)
     time.sleep(2)
-    if stop == "ctrl-c":
-        os.killpg(proc.pid, signal.SIGINT)
-    else:
-        os.kill(proc.pid, signal.SIGTERM)
+    sent, outcome, code = STOPS[stop]
+    (os.killpg if stop == "ctrl-c" else os.kill)(proc.pid, sent)
     said = "".join(seen) + proc.stdout.read()
-    outcome, code = ("interrupted", 130) if stop == "ctrl-c" else ("stopped by SIGTERM", 143)
     assert proc.wait(timeout=120) == code, said
     ours = [line for line in said.splitlines() if line.startswith("hvd-ctsm pipeline:")]
     assert len(ours) == 1 and ours[0].startswith(f"hvd-ctsm pipeline: {outcome}"), said
