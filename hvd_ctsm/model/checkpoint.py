@@ -17,8 +17,6 @@ import re
 import shutil
 from pathlib import Path
 
-import torch
-
 from hvd_ctsm.files.atomic import atomic_write_bytes, fsync_dir
 from hvd_ctsm.files.outputs import deployed_version
 
@@ -55,6 +53,8 @@ def load_model(path: str | Path):
 def save_state(path: Path, state: dict) -> str:
     """Save `state` with torch.save, atomically, plus a checksum file; returns the sha256."""
     import io
+
+    import torch
 
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -102,6 +102,8 @@ def load_state(path: Path) -> dict:
     data = path.read_bytes()
     verify_checksum(path, data)
     import io
+
+    import torch
 
     try:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

@@ -181,8 +181,11 @@ def test_the_layer_check_sees_an_upward_import():
     assert layer_of("hvd_ctsm.train.__main__") == len(LAYERS) and layer_of("spark_jobs.x") is None
 
 
-def test_importing_the_package_and_its_config_loads_no_torch_spark_or_horovod():
-    code = ("import sys, hvd_ctsm, hvd_ctsm.config, hvd_ctsm.data.schema, hvd_ctsm.files.atomic; "
+def test_importing_the_package_its_config_gate_and_deploy_loads_no_torch_spark_or_horovod():
+    """The gate and deploy commands copy and check files: torch cost each of them 2-4 s of
+    start (a deploy on a small driver, a scheduler's many gates)."""
+    code = ("import sys, hvd_ctsm, hvd_ctsm.config, hvd_ctsm.data.schema, hvd_ctsm.files.atomic, "
+            "hvd_ctsm.evaluation.gate, hvd_ctsm.serving.deploy; "
             "print(sorted(m for m in ('torch', 'pyspark', 'horovod') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          check=True)
