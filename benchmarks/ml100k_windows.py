@@ -13,9 +13,12 @@ one is tested, as other users' later events are under leave-last-out anyway.
 from __future__ import annotations
 
 import csv
+import io
 import random
 from collections import defaultdict
 from pathlib import Path
+
+from hvd_ctsm.files.atomic import atomic_write_bytes
 
 MEAN_EVENTS = 9
 SEED = 7
@@ -51,15 +54,14 @@ def write_events(ml100k: Path, out: Path, mean: int = MEAN_EVENTS, seed: int = S
             user, item, _rating, timestamp = line.split()
             by_user[user].append((int(timestamp), line_number, item))
     lengths, written, clients = window_lengths(random.Random(seed), mean), 0, 0
+    text = io.StringIO()
+    rows = csv.writer(text, lineterminator="\n")
+    rows.writerow(["client_id", "item_id", "timestamp", "event_type", "value"])
+    for user in sorted(by_user, key=int):
+        for k, window in enumerate(windows(by_user[user], lengths)):
+            rows.writerows([f"u{user}w{k}", item, ts, "purchase", ""] for ts, _, item in window)
+            written, clients = written + len(window), clients + 1
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    with open(partial, "w", newline="") as f:
-        rows = csv.writer(f, lineterminator="\n")
-        rows.writerow(["client_id", "item_id", "timestamp", "event_type", "value"])
-        for user in sorted(by_user, key=int):
-            for k, window in enumerate(windows(by_user[user], lengths)):
-                rows.writerows([f"u{user}w{k}", item, ts, "purchase", ""] for ts, _, item in window)
-                written, clients = written + len(window), clients + 1
-    partial.replace(out)
+    atomic_write_bytes(out, text.getvalue().encode())
     read = sum(len(events) for events in by_user.values())
     return {"ratings": read, "events": written, "clients": clients, "left_out": read - written}

@@ -11,12 +11,15 @@ a folder of damaged ones only is refused.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
 import re
 import shutil
 from pathlib import Path
 
+# torch is imported where a state is saved or loaded: gate and deploy use this module to find and
+# check model files, and start in a fraction of a second without it.
 from hvd_ctsm.files.atomic import atomic_write_bytes, fsync_dir
 from hvd_ctsm.files.outputs import deployed_version
 
@@ -52,8 +55,6 @@ def load_model(path: str | Path):
 
 def save_state(path: Path, state: dict) -> str:
     """Save `state` with torch.save, atomically, plus a checksum file; returns the sha256."""
-    import io
-
     import torch
 
     buffer = io.BytesIO()
@@ -101,8 +102,6 @@ def load_state(path: Path) -> dict:
     path = Path(path)
     data = path.read_bytes()
     verify_checksum(path, data)
-    import io
-
     import torch
 
     try:

@@ -49,4 +49,4 @@ def test_the_same_ratings_give_the_same_windows(tmp_path):
     ml100k_windows.write_events(tmp_path, tmp_path / "a.csv")
     ml100k_windows.write_events(tmp_path, tmp_path / "b.csv")
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
-    assert not list(tmp_path.glob("*.partial"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "b.csv", "u.data"]
