@@ -34,6 +34,7 @@ from hvd_ctsm.files.storage import location
 from spark_jobs import attributes, sequences, split, validate, vocab, write
 from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP, FeatureConfig, parse_time, spark_setting
 from spark_jobs.sources import load_source
+from spark_jobs.summary import dataset_warnings, summary_table
 
 PROG = "hvd-ctsm features"  # the name its one-line errors start with (also as hvd-ctsm-features)
 
@@ -67,9 +68,11 @@ def _validated(spark, config, source):
     distinct = used.agg(
         F.countDistinct("client_id").alias("c"), F.countDistinct("item_id").alias("i"),
         F.min("timestamp").alias("t0"), F.max("timestamp").alias("t1"),
+        F.max(F.pmod("timestamp", F.lit(86_400))).alias("seconds_in_day"),
     )
     row = distinct.first()  # the time range: what --cutoffs must fall inside
-    counts.update(clients=row["c"], items=row["i"], first_event=row["t0"], last_event=row["t1"])
+    counts.update(clients=row["c"], items=row["i"], first_event=row["t0"], last_event=row["t1"],
+                  whole_day_timestamps=row["seconds_in_day"] == 0)  # dates: ties are days
     return used, counted, counts
 
 
@@ -137,9 +140,11 @@ def _no_examples(name: str, counts: dict, config: FeatureConfig) -> ValueError:
                       "or ISO)")
 
 
-def _write_splits(config, examples, stats: dict, stage: Path, counts: dict) -> tuple[dict, dict]:
+def _write_splits(config, examples, stats: dict, stage: Path, counts: dict) -> tuple:
+    """(splits' metadata, eval clients without an earlier event, those of them whose earlier
+    events all share their timestamp)."""
     names = list(sequences.COLUMNS)
-    splits, skipped = {}, {}
+    splits, skipped, tied = {}, {}, {}
     for name in OUTPUT_SPLITS:
         rows = stats[name]["rows"] if name in stats else 0
         if rows == 0:
@@ -157,11 +162,16 @@ def _write_splits(config, examples, stats: dict, stage: Path, counts: dict) -> t
             "files": write.file_listing(stage / name),
         }
         if name in ("validation", "test"):
-            skipped[name] = stats[f"{name}_skipped"]["rows"] if f"{name}_skipped" in stats else 0
-    return splits, skipped
+            skipped[name] = marker_rows(stats, f"{name}_skipped")
+            tied[name] = marker_rows(stats, f"{name}_tied")
+    return splits, skipped, tied
 
 
-def _metadata(config, counts, vocabulary, splits, skipped, seconds) -> dict:
+def marker_rows(stats: dict, split: str) -> int:
+    return stats[split]["rows"] if split in stats else 0
+
+
+def _metadata(config, counts, vocabulary, splits, skipped, tied, seconds) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "code_version": code_version(),
@@ -175,7 +185,9 @@ def _metadata(config, counts, vocabulary, splits, skipped, seconds) -> dict:
         "vocab": vocab.vocab_sizes(vocabulary),
         "vocab_sha256": vocab.vocab_sha256(vocabulary),  # of vocab.json's bytes
         "attrs": list(vocabulary["attrs"]),
-        "counts": {**counts, "clients_without_history": skipped},
+        "counts": {**counts,
+                   "clients_without_history": {k: n + tied[k] for k, n in skipped.items()},
+                   "clients_with_tied_history_only": tied},
         "splits": splits,
         "row_groups_requested": config.row_groups,
         "label_min_rating": config.label_min_rating,
@@ -188,7 +200,8 @@ def _metadata(config, counts, vocabulary, splits, skipped, seconds) -> dict:
 
 
 def build_features(spark, config: FeatureConfig) -> dict:
-    """Run the job in an existing SparkSession; returns the metadata (plus `out` and warnings).
+    """Run the job in an existing SparkSession; returns the metadata (plus `out` and warnings,
+    each also printed to stderr as a `warning: ...` line).
 
     Any session will do (a notebook's too): its executors are checked first, and the settings
     the job depends on (UTC parsing, shuffle partitions) apply while it runs."""
@@ -199,8 +212,12 @@ def build_features(spark, config: FeatureConfig) -> dict:
     with spark_log_kept_back():  # a full disk's line alone, not after each task's trace
         if not storage.is_remote(config.out):
             with job_settings(spark):
-                return _build(spark, config)
-        return _build_and_upload(spark, config, job_settings)
+                summary = _build(spark, config)
+        else:
+            summary = _build_and_upload(spark, config, job_settings)
+    for warning in summary["warnings"]:  # here, so the notebook and the pipeline say them too
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    return summary
 
 
 def _build_and_upload(spark, config: FeatureConfig, job_settings) -> dict:
@@ -256,10 +273,11 @@ def _build(spark, config: FeatureConfig) -> dict:
             _check_serving_rows(stats, counts["clients"])
             lap("examples", "examples: " + ", ".join(
                 f"{stats[name]['rows']:,} {name}" for name in OUTPUT_SPLITS if name in stats))
-            splits, skipped = _write_splits(config, examples, stats, stage, counts)
+            splits, skipped, tied = _write_splits(config, examples, stats, stage, counts)
             write.write_atomic(stage / "vocab.json", vocab.vocab_bytes(vocabulary))
             lap("write", "every split written")
-            meta = _metadata(config, counts, vocabulary, splits, skipped, time.time() - start)
+            meta = _metadata(config, counts, vocabulary, splits, skipped, tied,
+                             time.time() - start)
             meta["stage_seconds"] = stages
             write.write_json_atomic(stage / "metadata.json", meta)
     finally:
@@ -267,32 +285,8 @@ def _build(spark, config: FeatureConfig) -> dict:
             if frame is not None:
                 with contextlib.suppress(Exception):  # a dead JVM: keep the error that killed it
                     frame.unpersist()
-    few = {k: v["row_groups"] for k, v in splits.items() if v["row_groups"] < config.row_groups}
-    warnings = [
-        f"{k}: only {n} row groups (< {config.row_groups}): fewer rows than requested"
-        for k, n in few.items()
-    ]
+    warnings = dataset_warnings(meta, config.row_groups)
     return {**meta, "out": str(Path(config.out)), "warnings": warnings}
-
-
-def summary_table(summary: dict) -> str:
-    c = summary["counts"]  # labels padded to 32: '  rejected: unknown_event_type' is 30
-    lines = [
-        f"{'rows in':<32}{c['input_rows']:>12,}",
-        f"{'used':<32}{c['used']:>12,}",
-        *[f"{'  rejected: ' + k:<32}{v:>12,}" for k, v in c["rejected"].items() if v],
-        f"{'rejected (total)':<32}{sum(c['rejected'].values()):>12,}",
-        f"{'clients':<32}{c['clients']:>12,}",
-        f"{'items':<32}{c['items']:>12,}",
-        *[
-            f"{'examples: ' + k:<32}{v['rows']:>12,}  targets {v['targets']:,}, "
-            f"row groups {v['row_groups']}"
-            for k, v in summary["splits"].items()
-        ],
-        *[f"{'  no history: ' + k:<32}{v:>12,}" for k, v in c["clients_without_history"].items()],
-        f"{'seconds':<32}{summary['seconds']:>12.1f}",
-    ]
-    return "\n".join(lines)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -382,8 +376,6 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: {one_line(err)}", file=sys.stderr)  # bad input: 2
         return EXIT_BAD_INPUT
     print(summary_table(summary))
-    for warning in summary["warnings"]:
-        print(f"warning: {warning}", file=sys.stderr)
     print(f"wrote {summary['out']}")
     return 0
 

@@ -6,7 +6,8 @@ UDF.
 applyInPandas call, emitting rows already encoded as Petastorm's codecs encode them (what its
 dict_to_spark_row produces; Petastorm itself is not needed), plus two bookkeeping columns:
 `split` and `n_targets`. A client whose eval target has no earlier event gets a marker row (split
-"validation_skipped" or "test_skipped", no data) so the job can count it. Every client also gets
+"validation_skipped" or "test_skipped", no data) so the job can count it ("validation_tied",
+"test_tied" where its earlier events all share its timestamp). Every client also gets
 one "serving" row: its latest events whatever their role, no targets (what batch scoring starts
 from).
 """
@@ -117,8 +118,8 @@ def examples_of_client(client_id, ev: dict, max_len: int) -> list[tuple[str, dic
     for split in ("validation", "test"):
         for j in np.flatnonzero(ev["role"] == ROLES[split]):
             p = int(ev["prev"][j])
-            if p < 0:
-                out.append((f"{split}_skipped", None))
+            if p < 0:  # "tied": its earlier events share its timestamp (strict ties)
+                out.append((f"{split}_skipped" if j == 0 else f"{split}_tied", None))
                 continue
             prior = np.unique(ev["item"][: p + 1])
             row = _row(client_id, ev, max(0, p - max_len + 1), p, np.array([j]), prior, everything)

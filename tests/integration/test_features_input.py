@@ -224,3 +224,32 @@ def test_a_time_split_with_no_targets_names_the_datas_time_range(spark, tmp_path
                                             row_groups=2, split="time",
                                             cutoffs="2030-01-01,2030-02-01"))
     assert not (tmp_path / "out").exists()
+
+
+def test_dates_for_timestamps_say_what_strict_ties_leave_unscored(spark, tmp_path, capfd):
+    """A purchase log with dates only: under strict ties a client whose events share one day has
+    no history for its held-out events. The job used to count them silently in a table row; it
+    now says how many, and why, and the choice (input order) that keeps them."""
+    lines = ["client_id,item_id,timestamp,event_type,value"]
+    for c in range(10):  # c0-c5 on days 1, 2, 3, 3; c6-c9 all four on day 1
+        days = (1, 2, 3, 3) if c < 6 else (1, 1, 1, 1)
+        lines += [f"c{c},i{c + k},2021-03-0{d},purchase," for k, d in enumerate(days)]
+    events = tmp_path / "dates.csv"
+    events.write_text("\n".join(lines) + "\n")
+    common = dict(source=f"events:{events}", row_groups=1)
+    strict = build_features(spark, FeatureConfig(out=str(tmp_path / "strict"), **common))
+    assert strict["counts"]["whole_day_timestamps"] is True
+    # c0-c5 are scored on days 3 and 3 (days 1-2 are history); c6-c9's validation and test
+    # events have only same-day events before them, so neither is scored under strict ties
+    assert strict["counts"]["clients_without_history"] == {"validation": 4, "test": 4}
+    assert strict["counts"]["clients_with_tied_history_only"] == {"validation": 4, "test": 4}
+    [tied] = [w for w in strict["warnings"] if w.startswith("--ties strict")]
+    assert "every timestamp is a whole day" in tied
+    assert "not scored: validation 4 of 10 (40.0%), test 4 of 10 (40.0%);" in tied
+    assert "--ties input-order" in tied
+    # said where the job runs, a notebook's session as here, not only by the CLI
+    assert f"warning: {tied}" in capfd.readouterr().err
+    ordered = build_features(spark, FeatureConfig(out=str(tmp_path / "ordered"),
+                                                  ties="input-order", **common))
+    assert ordered["splits"]["test"]["rows"] == 10
+    assert not [w for w in ordered["warnings"] if "ties" in w]

@@ -109,9 +109,10 @@ def test_input_order_decides_the_sequence_order_of_tied_events():
     assert list(test["item"]) == [4, 7, 9]
 
 
-def test_client_with_no_earlier_event_is_skipped():
+def test_client_with_no_earlier_event_is_skipped_and_a_tie_says_so():
     out = client_examples("c", client_frame([7, 7], ["validation", "test"]), 10)
-    assert out[:2] == [("validation_skipped", None), ("test_skipped", None)]
+    # the test event has an earlier event, at its own timestamp: under strict ties, no history
+    assert out[:2] == [("validation_skipped", None), ("test_tied", None)]
     # it still gets a serving row: scoring needs no earlier event
     assert [s for s, _ in out[2:]] == ["serving"] and list(out[2][1]["timestamp"]) == [7, 7]
 

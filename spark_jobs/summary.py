@@ -1,0 +1,64 @@
+"""What the feature job tells its user when it ends: the summary table and the warnings."""
+
+from __future__ import annotations
+
+# A share of held-out events at or above this whose earlier events all share their timestamp
+# means coarse timestamps (dates without times, say), not a few bursts: ML-100K and the
+# synthetic source have almost none.
+TIED_SHARE_TO_WARN = 0.05
+
+
+def summary_table(summary: dict) -> str:
+    c = summary["counts"]  # labels padded to 32: '  rejected: unknown_event_type' is 30
+    lines = [
+        f"{'rows in':<32}{c['input_rows']:>12,}",
+        f"{'used':<32}{c['used']:>12,}",
+        *[f"{'  rejected: ' + k:<32}{v:>12,}" for k, v in c["rejected"].items() if v],
+        f"{'rejected (total)':<32}{sum(c['rejected'].values()):>12,}",
+        f"{'clients':<32}{c['clients']:>12,}",
+        f"{'items':<32}{c['items']:>12,}",
+        *[
+            f"{'examples: ' + k:<32}{v['rows']:>12,}  targets {v['targets']:,}, "
+            f"row groups {v['row_groups']}"
+            for k, v in summary["splits"].items()
+        ],
+        *[f"{'  no history: ' + k:<32}{v:>12,}" for k, v in c["clients_without_history"].items()],
+        *[f"{'    of which tied: ' + k:<32}{v:>12,}"
+          for k, v in c.get("clients_with_tied_history_only", {}).items() if v],
+        f"{'seconds':<32}{summary['seconds']:>12.1f}",
+    ]
+    return "\n".join(lines)
+
+
+def dataset_warnings(meta: dict, row_groups_requested: int) -> list[str]:
+    """Lines for what the dataset holds that its user may not expect (the data was still used)."""
+    few = {k: v["row_groups"] for k, v in meta["splits"].items()
+           if v["row_groups"] < row_groups_requested}
+    warnings = [f"{k}: only {n} row groups (< {row_groups_requested}): fewer rows than requested"
+                for k, n in few.items()]
+    tied = tied_timestamps_warning(meta)
+    return warnings + ([tied] if tied else [])
+
+
+def tied_timestamps_warning(meta: dict) -> str | None:
+    """Under --ties strict a held-out event whose client has no strictly earlier event is not
+    scored, and events of one timestamp are not history for each other. With dates for
+    timestamps that loses much of a purchase log without a word: say how much, and the choice."""
+    if meta["ties"] != "strict":
+        return None
+    counts = meta["counts"]
+    days = bool(counts.get("whole_day_timestamps"))
+    held_out = {name: n + meta["splits"][name]["rows"]
+                for name, n in counts["clients_without_history"].items()}
+    tied = {name: n for name, n in counts.get("clients_with_tied_history_only", {}).items() if n}
+    if not days and all(n < TIED_SHARE_TO_WARN * held_out[name] for name, n in tied.items()):
+        return None
+    said = ["every timestamp is a whole day, so events of one day are not history for each "
+            "other"] if days else []
+    if tied:
+        said.append("held-out events whose earlier events all share their timestamp are not "
+                    "scored: " + ", ".join(f"{name} {n:,} of {held_out[name]:,} "
+                                           f"({n / held_out[name]:.1%})"
+                                           for name, n in tied.items()))
+    return (f"--ties strict: {'; '.join(said)}; if the input's row order is the true order of "
+            "tied events, --ties input-order uses it (spark_jobs/README.md, Splits)")
