@@ -17,9 +17,12 @@ process with no process group.
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import os
+import tempfile
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 import torch.distributed as td
@@ -110,6 +113,8 @@ class TorchBackend(Backend):
         set_threads(threads_per_rank, self._local_size)
         if self.cuda:
             torch.cuda.set_device(self._local_rank)
+        if self.launched:  # a rank that fails leaves its folder empty too: any end but a kill
+            atexit.register(remove_torchrun_log_folders, dict(os.environ))
         if self.launched and not td.is_initialized():
             # The rendezvous store outlives a torchrun restart, and with it the addresses the
             # killed workers published: each attempt gets keys of its own.
@@ -217,3 +222,29 @@ class TorchBackend(Backend):
 
     def threads_outlive_shutdown(self) -> bool:
         return self.launched  # Gloo's threads (NCCL's not checked): distributed.exit_process
+
+
+def remove_torchrun_log_folders(env) -> None:
+    """torchrun without --log-dir (TorchDistributor passes none) makes a torchelastic_* folder
+    in the temporary folder, with a folder per rank below it for a failure's error.json, and
+    never removes it: every run left an empty tree in each executor's /tmp. As it exits (its
+    exit handlers run, distributed.exit_process included) each rank removes its own folder and
+    then each parent that is empty; the last rank out removes the tree. A folder with a file in
+    it (a failure's error.json, a log) stays, and so does everything under a --log-dir the user
+    chose."""
+    error_file = env.get("TORCHELASTIC_ERROR_FILE")  # ROOT/RUN_xxx/attempt_N/LOCAL_RANK/error.json
+    if not error_file:
+        return
+    rank_folder = Path(error_file).parent
+    folders = [rank_folder, *rank_folder.parents[:3]]
+    root = folders[-1]
+    if not (root.name.startswith("torchelastic_")
+            and root.parent.resolve() == Path(tempfile.gettempdir()).resolve()):
+        return
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except FileNotFoundError:
+            continue  # a peer rank was faster
+        except OSError:
+            return  # not empty: a peer's folder, or a file torchrun keeps

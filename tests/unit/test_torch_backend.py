@@ -6,11 +6,13 @@ with the model an uninterrupted run ends with, bit for bit, and writes the same 
 This file holds the unit-tier part; the rest is in tests/integration/test_torch_backend.py."""
 
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from hvd_ctsm.distributed import BackendError, parse_selftest, resolve
+from hvd_ctsm.distributed.torch_backend import remove_torchrun_log_folders
 from tests.helpers import faultlib as fl
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -47,13 +49,64 @@ def test_a_backend_that_cannot_serve_the_launch_says_how_to_fix_it(choice, env, 
         resolve(choice, env, horovod_installed=horovod)
 
 
-def test_torchrun_selftest_gives_the_exact_sum_on_both_ranks():
-    proc = fl.run(torchrun("-m", "hvd_ctsm.distributed", "selftest"), timeout=180)
+def test_torchrun_selftest_gives_the_exact_sum_on_both_ranks_and_leaves_no_folder(
+        tmp_path, monkeypatch):
+    """torchrun without --log-dir (as TorchDistributor starts it on every executor) left an
+    empty torchelastic_* tree in the temporary folder at each run; the ranks remove it now."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.delenv("PET_LOG_DIR", raising=False)  # the suite's (conftest): a user has none
+    proc = fl.run(torchrun("-m", "hvd_ctsm.distributed", "selftest"), timeout=180,
+                  TMPDIR=str(temp))
     reports = parse_selftest(proc.stdout)
     assert sorted(r["rank"] for r in reports) == [0, 1]
     for r in reports:
         assert r["backend"] == "torch" and r["size"] == 2
         assert r["sum"] == [10.0, 12.0, 14.0, 16.0]
+    assert list(temp.iterdir()) == []
+
+
+def test_ranks_that_fail_leave_no_torchrun_folder_either(tmp_path, monkeypatch):
+    """Both ranks end with an error code through exit_process, without a shutdown."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.delenv("PET_LOG_DIR", raising=False)
+    fails = ("from hvd_ctsm import distributed as dist; dist.start('auto', threads_per_rank=1); "
+             "dist.exit_process(3)")
+    proc = fl.run(torchrun("--no-python", sys.executable, "-c", fails), timeout=180,
+                  check=False, TMPDIR=str(temp))
+    assert proc.returncode != 0 and "exitcode: 3" in proc.stderr, proc.stderr[-2000:]
+    assert list(temp.iterdir()) == [], proc.stderr[-2000:]
+
+
+def torchrun_log_tree(root: Path, ranks: int = 2) -> list[dict]:
+    """torchrun's folders for one attempt under root; each rank's environment's error file."""
+    attempt = root / "run_abc" / "attempt_0"
+    for rank in range(ranks):
+        (attempt / str(rank)).mkdir(parents=True)
+    return [{"TORCHELASTIC_ERROR_FILE": str(attempt / str(r) / "error.json")}
+            for r in range(ranks)]
+
+
+def test_the_last_rank_out_removes_torchruns_tree_and_nothing_else(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    envs = torchrun_log_tree(tmp_path / "torchelastic_x1")
+    remove_torchrun_log_folders(envs[0])
+    assert sorted(p.name for p in tmp_path.glob("torchelastic_x1/run_abc/attempt_0/*")) == ["1"]
+    remove_torchrun_log_folders(envs[1])
+    assert list(tmp_path.iterdir()) == []
+    # a failure's error.json stays, with every folder above it
+    envs = torchrun_log_tree(tmp_path / "torchelastic_x2")
+    Path(envs[1]["TORCHELASTIC_ERROR_FILE"]).write_text("{}")
+    remove_torchrun_log_folders(envs[0])
+    remove_torchrun_log_folders(envs[1])
+    assert [p.name for p in tmp_path.rglob("*.json")] == ["error.json"]
+    # a --log-dir the user chose keeps even its empty folders
+    envs = torchrun_log_tree(tmp_path / "my_logs")
+    for env in envs:
+        remove_torchrun_log_folders(env)
+    assert sorted(p.name for p in (tmp_path / "my_logs/run_abc/attempt_0").iterdir()) == ["0", "1"]
+    remove_torchrun_log_folders({})  # not under torchrun: nothing to do
 
 
 def test_torchrun_workers_exit_with_their_code_after_their_exit_handlers_skipping_teardown(
