@@ -140,11 +140,12 @@ def _no_examples(name: str, counts: dict, config: FeatureConfig) -> ValueError:
                       "or ISO)")
 
 
-def _write_splits(config, examples, stats: dict, stage: Path, counts: dict) -> tuple:
+def _write_splits(config, examples, stats: dict, stage: Path, counts: dict
+                  ) -> tuple[dict, dict, dict]:
     """(splits' metadata, eval clients without an earlier event, those of them whose earlier
     events all share their timestamp)."""
     names = list(sequences.COLUMNS)
-    splits, skipped, tied = {}, {}, {}
+    splits, without_history, tied = {}, {}, {}
     for name in OUTPUT_SPLITS:
         rows = stats[name]["rows"] if name in stats else 0
         if rows == 0:
@@ -162,16 +163,16 @@ def _write_splits(config, examples, stats: dict, stage: Path, counts: dict) -> t
             "files": write.file_listing(stage / name),
         }
         if name in ("validation", "test"):
-            skipped[name] = marker_rows(stats, f"{name}_skipped")
-            tied[name] = marker_rows(stats, f"{name}_tied")
-    return splits, skipped, tied
+            tied[name] = _marker_rows(stats, f"{name}_tied")
+            without_history[name] = _marker_rows(stats, f"{name}_skipped") + tied[name]
+    return splits, without_history, tied
 
 
-def marker_rows(stats: dict, split: str) -> int:
-    return stats[split]["rows"] if split in stats else 0
+def _marker_rows(stats: dict, marker: str) -> int:
+    return stats[marker]["rows"] if marker in stats else 0
 
 
-def _metadata(config, counts, vocabulary, splits, skipped, tied, seconds) -> dict:
+def _metadata(config, counts, vocabulary, splits, without_history, tied, seconds) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "code_version": code_version(),
@@ -185,8 +186,7 @@ def _metadata(config, counts, vocabulary, splits, skipped, tied, seconds) -> dic
         "vocab": vocab.vocab_sizes(vocabulary),
         "vocab_sha256": vocab.vocab_sha256(vocabulary),  # of vocab.json's bytes
         "attrs": list(vocabulary["attrs"]),
-        "counts": {**counts,
-                   "clients_without_history": {k: n + tied[k] for k, n in skipped.items()},
+        "counts": {**counts, "clients_without_history": without_history,
                    "clients_with_tied_history_only": tied},
         "splits": splits,
         "row_groups_requested": config.row_groups,
@@ -273,10 +273,10 @@ def _build(spark, config: FeatureConfig) -> dict:
             _check_serving_rows(stats, counts["clients"])
             lap("examples", "examples: " + ", ".join(
                 f"{stats[name]['rows']:,} {name}" for name in OUTPUT_SPLITS if name in stats))
-            splits, skipped, tied = _write_splits(config, examples, stats, stage, counts)
+            splits, without_history, tied = _write_splits(config, examples, stats, stage, counts)
             write.write_atomic(stage / "vocab.json", vocab.vocab_bytes(vocabulary))
             lap("write", "every split written")
-            meta = _metadata(config, counts, vocabulary, splits, skipped, tied,
+            meta = _metadata(config, counts, vocabulary, splits, without_history, tied,
                              time.time() - start)
             meta["stage_seconds"] = stages
             write.write_json_atomic(stage / "metadata.json", meta)

@@ -24,7 +24,7 @@ def summary_table(summary: dict) -> str:
         ],
         *[f"{'  no history: ' + k:<32}{v:>12,}" for k, v in c["clients_without_history"].items()],
         *[f"{'    of which tied: ' + k:<32}{v:>12,}"
-          for k, v in c.get("clients_with_tied_history_only", {}).items() if v],
+          for k, v in c["clients_with_tied_history_only"].items() if v],
         f"{'seconds':<32}{summary['seconds']:>12.1f}",
     ]
     return "\n".join(lines)
@@ -47,10 +47,10 @@ def tied_timestamps_warning(meta: dict) -> str | None:
     if meta["ties"] != "strict":
         return None
     counts = meta["counts"]
-    days = bool(counts.get("whole_day_timestamps"))
+    days = counts["whole_day_timestamps"]
     held_out = {name: n + meta["splits"][name]["rows"]
                 for name, n in counts["clients_without_history"].items()}
-    tied = {name: n for name, n in counts.get("clients_with_tied_history_only", {}).items() if n}
+    tied = {name: n for name, n in counts["clients_with_tied_history_only"].items() if n}
     if not days and all(n < TIED_SHARE_TO_WARN * held_out[name] for name, n in tied.items()):
         return None
     said = ["every timestamp is a whole day, so events of one day are not history for each "

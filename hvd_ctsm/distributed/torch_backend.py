@@ -30,6 +30,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from hvd_ctsm.distributed.base import Backend, BackendError, create_optimizer_state, set_threads
+from hvd_ctsm.files.outputs import remove_empty_folders
 
 DDP_BUCKET_MB = 25.0  # DDP's own default bucket size, used when dist.fusion_threshold_mb is None
 
@@ -241,10 +242,4 @@ def remove_torchrun_log_folders(env) -> None:
     if not (root.name.startswith("torchelastic_")
             and root.parent.resolve() == Path(tempfile.gettempdir()).resolve()):
         return
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except FileNotFoundError:
-            continue  # a peer rank was faster
-        except OSError:
-            return  # not empty: a peer's folder, or a file torchrun keeps
+    remove_empty_folders(folders)  # a peer's folder, or a file torchrun keeps, stops it

@@ -185,6 +185,18 @@ def is_empty(folder: Path) -> bool:
         return True
 
 
+def remove_empty_folders(folders: Iterable[Path]) -> None:
+    """rmdir each folder in turn (a folder, then its parents) and stop at the first that is not
+    empty; one already gone (another process was first) is passed over."""
+    for folder in folders:
+        try:
+            Path(folder).rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:  # not empty (or not ours to remove): nothing above it is empty either
+            return
+
+
 def remove_ours(folder: Path, keep_folder: bool = False) -> None:
     """Remove a folder check_replaceable allowed, its marker last: other ranks checking it
     meanwhile still see it as ours until nothing else is left. `keep_folder`: empty it only

@@ -80,13 +80,9 @@ def release_run_folder(out: Path) -> None:
     fd, made = HELD.pop(Path(out), (None, None))
     if fd is None:
         return
-    for folder in (out, *out.parents) if made is not None else ():
-        try:
-            folder.rmdir()
-        except OSError:  # not empty: the run's files (or another's)
-            break
-        if folder == made:
-            break
+    if made is not None:  # up to the highest folder the hold made; not empty: the run's files
+        chain = (out, *out.parents)
+        outputs.remove_empty_folders(chain[:chain.index(made) + 1] if made in chain else chain)
     os.close(fd)
 
 
