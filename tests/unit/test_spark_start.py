@@ -181,7 +181,8 @@ jvm.stdout.readline()  # it has written it
 def test_what_the_process_wrote_just_before_the_end_is_not_lost():
     """The copying thread is a daemon, stopped where it is at exit: the last lines the JVM
     wrote before its process ended were lost 4 times in 20 when nothing held the thread back
-    (a notebook's line missing in CI). Here it is held into the exit, every time."""
+    (a notebook test's JVM line missing in a test run). Here it is held into the exit, every
+    time."""
     done = subprocess.run([sys.executable, "-c", LAST_WORDS], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stderr == "the last line\n", done.stderr
