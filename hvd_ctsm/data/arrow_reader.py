@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 from collections import namedtuple
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
@@ -131,7 +132,7 @@ def read_row_group(url: str, group: RowGroup, fields: list[str] | None = None) -
 
     fields = list(fields or COLUMNS)
     fs, _ = _location(url)
-    with _open(fs, group.path) as f, damaged_said(group):
+    with _open(fs, group.path) as f, damaged_said(f"{group.path}: row group {group.index}"):
         table = pq.ParquetFile(f).read_row_group(group.index, columns=fields)
     row_type = namedtuple("Row", fields)
     columns = [[decode(v) for v in table.column(name).to_pylist()]  # column by column: faster
@@ -140,7 +141,7 @@ def read_row_group(url: str, group: RowGroup, fields: list[str] | None = None) -
 
 
 @contextmanager
-def damaged_said(group: RowGroup):
+def damaged_said(where: str, damaged: str = "the file is damaged"):
     """A row group that pyarrow cannot decode is a damaged file of the dataset: its one line
     (DatasetError, exit 2), not a crash's traceback. Its footer was read when the split was
     planned and its size matched the dataset's listing, so only its pages are damaged; a
@@ -153,8 +154,21 @@ def damaged_said(group: RowGroup):
         if isinstance(exc, OSError) and exc.errno is not None:
             raise
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise DatasetError(f"{group.path}: row group {group.index} cannot be read ({first}): "
-                           f"the file is damaged; {REBUILD}") from exc
+        raise DatasetError(f"{where} cannot be read ({first}): {damaged}; {REBUILD}") from exc
+
+
+def rows_said_damaged(rows: Iterator, where: str, damaged: str) -> Iterator:
+    """`rows`, where a reader that decodes row groups inside next() (Petastorm's) fails on a
+    damaged one as damaged_said says. The yield stays outside the `with`: an error the
+    consumer throws into this generator is not the file's."""
+    rows = iter(rows)
+    while True:
+        with damaged_said(where, damaged):
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+        yield row
 
 
 @contextmanager

@@ -4,10 +4,13 @@ are the same under either reader. The unit-tier part is in tests/unit/test_arrow
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
-from hvd_ctsm.data.batches import open_reader, plan_epoch, split_url, train_batches
+from hvd_ctsm.data.batches import DatasetError, open_reader, plan_epoch, split_url, train_batches
+from tests.helpers import faultlib as fl
 
 pytestmark = pytest.mark.petastorm
 
@@ -66,3 +69,20 @@ def test_training_batches_are_equal_under_both_readers(monkeypatch, tiny_feature
 
 def torch_equal(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
+
+
+@pytest.mark.parametrize("reader,said", [
+    ("arrow", r"/train/part-00000\.parquet: row group 0 cannot be read \(.+\): the file is "
+              r"damaged; rebuild the features"),
+    ("petastorm", r"/train: a row group of rank 0's shard cannot be read \(.+\): one of its files "
+                  r"is damaged \(the default reader, HVD_CTSM_READER unset, names it\); rebuild")])
+def test_a_damaged_page_is_one_line_under_either_reader(monkeypatch, tiny_features, tmp_path,
+                                                        reader, said):
+    """A file's pages damaged, its size and footer as they were. Before, under
+    HVD_CTSM_READER=petastorm training crashed (exit 3) with pyarrow's `OSError: Couldn't
+    deserialize thrift ...`; the default reader already said the file's line."""
+    data = tmp_path / "tiny"
+    shutil.copytree(tiny_features, data)
+    fl.damage_pages(data / "train" / "part-00000.parquet")
+    with pytest.raises(DatasetError, match=said):
+        read_all(monkeypatch, reader, split_url(data, "train"), 0, 1, None, False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_ctsm.data.arrow_reader import shard_order
+from hvd_ctsm.data.arrow_reader import rows_said_damaged, shard_order
 from hvd_ctsm.data.batches import DatasetError, reader_name
 from tests.helpers import faultlib as fl
 
@@ -53,3 +53,29 @@ def test_a_damaged_page_is_the_files_one_line_and_a_system_error_stays_its_own(t
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", unreadable)
     with pytest.raises(OSError, match="Input/output error"):
         read_row_group(str(tmp_path), group, ["client_id"])
+
+
+def test_rows_said_damaged_passes_the_rows_then_says_the_damage_and_nothing_else():
+    """Petastorm's reader decodes row groups inside next(): its pyarrow failure becomes the
+    damage's line after the rows before it; an I/O error and an error thrown in by the consumer
+    stay their own."""
+    import pyarrow as pa
+
+    def rows(failure):
+        yield 1
+        yield 2
+        raise failure
+
+    got = []
+    with pytest.raises(DatasetError, match=r"^SPLIT cannot be read \(bad page\): a file is "
+                                           r"damaged; rebuild the features"):
+        for row in rows_said_damaged(rows(pa.ArrowInvalid("bad page")), "SPLIT",
+                                     "a file is damaged"):
+            got.append(row)
+    assert got == [1, 2]
+    with pytest.raises(OSError, match="Input/output error"):
+        list(rows_said_damaged(rows(OSError(5, "Input/output error")), "SPLIT", "damaged"))
+    said = rows_said_damaged(iter([1, 2]), "SPLIT", "damaged")
+    assert next(said) == 1
+    with pytest.raises(OSError, match="the consumer's"):
+        said.throw(OSError("the consumer's"))
