@@ -258,6 +258,7 @@ elastic() {
 in_own_temp_folder() {
     local temp status=0
     temp=$(mktemp -d "${TMPDIR:-/tmp}/hvd_ctsm-tests.XXXXXX")
+    chmod 1777 "$temp"  # as /tmp: a test that acts as another user makes its folders in it
     TMPDIR=$temp "$@" || status=$?
     if ((status == 0)); then
         rm -rf "$temp"
