@@ -150,6 +150,9 @@ class TrackedRun:
         if out is not None:
             self.log_files(out / "train_summary.json")
         self.client.set_terminated(self.link.run_id, status)
+        if status != FINISHED:
+            log.info("MLflow: run %s ended %s (the training stopped before its end)",
+                     self.link.run_id, status)
 
 
 OPEN_RUNS: dict[str, TrackedRun] = {}  # runs this process opened and has not ended yet
@@ -165,8 +168,6 @@ def end_open_runs() -> None:
     for run in [run for run in OPEN_RUNS.values() if run.opened_by == os.getpid()]:
         try:
             run.finish(None, status)
-            log.info("MLflow: run %s ended %s (the training stopped before its end)",
-                     run.link.run_id, status)
         except Exception as exc:  # noqa: BLE001  the process is exiting anyway
             log.warning("MLflow: run %s could not be marked %s (%s: %s); it stays RUNNING",
                         run.link.run_id, status, type(exc).__name__, exc)

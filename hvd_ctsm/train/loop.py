@@ -36,7 +36,7 @@ def train(cfg: TrainConfig, resume: bool = False, init_from: str | None = None) 
     trainer = build_trainer(cfg)
     with faults.note_on_sigterm(lambda: faults.stopped_message(cfg, trainer.model)), \
             log_lines_above_the_bar(dist.is_root() and cfg.progress), \
-            faults.peer_loss_reported(cfg, trainer.model):
+            faults.peer_loss_reported(cfg, trainer.model), trainer.logs_ended_on_failure():
         return run_epochs(trainer, resume, init_from)
 
 

@@ -170,6 +170,24 @@ class Trainer:
             SummaryWriter(str(self.out / "tensorboard")), self.cfg, self.meta,
             self.backend.name, dist.size(), resume)
 
+    @contextlib.contextmanager
+    def logs_ended_on_failure(self) -> Iterator[None]:
+        """A training that raises ends rank 0's logs at once: TensorBoard closed, the MLflow run
+        FAILED (KILLED on Ctrl-C), said in a line before the error's. The exit hook did it only
+        when the process ended: a notebook that called the trainer showed its run RUNNING
+        until the kernel ended."""
+        try:
+            yield
+        except BaseException as failure:
+            if self.writer is not None:
+                writer, self.writer = self.writer, None
+                try:
+                    writer.__exit__(type(failure), failure, failure.__traceback__)
+                except Exception as exc:  # noqa: BLE001  (a full disk) the failure is the line
+                    log.warning("the run's logs could not be closed (%s: %s)",
+                                type(exc).__name__, exc)
+            raise
+
     def step(self, batches: Iterator[dict]) -> dict:
         """backward_passes_per_step micro-batches, one gradient reduction, one optimizer step;
         returns this rank's losses by head. (A peer that vanished mid-step is reported by the

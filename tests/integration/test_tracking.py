@@ -9,6 +9,7 @@ The unit-tier part is in tests/unit/test_tracking.py."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -112,6 +113,34 @@ def demo(tmp_path_factory) -> Path:
 
 def store_uri(work: Path) -> str:
     return f"sqlite:///{work / 'mlflow' / 'mlflow.db'}"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_training_that_fails_in_a_notebook_ends_its_run_at_once(demo, tmp_path, monkeypatch,
+                                                                  caplog):
+    """The trainer called in-process, as a notebook does, on a dataset damaged in its pages:
+    its MLflow run stayed RUNNING after the call raised, until the process ended (the exit
+    hook ended it then), and a command's last line was that hook's, after the error's. Now the
+    run is FAILED when the call raises, said before the error."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    from hvd_ctsm.data.batches import DatasetError
+    from hvd_ctsm.train import launch
+    from tests.helpers import faultlib as fl
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    caplog.set_level(logging.INFO, logger="hvd_ctsm.tracking")
+    data, run = tmp_path / "features", tmp_path / "model"
+    shutil.copytree(demo / "features", data)
+    fl.damage_pages(data / "train" / "part-00000.parquet")
+    with pytest.raises(DatasetError, match="the file is damaged"):
+        launch.main(["--data", str(data), "--out", str(run), "epochs=1", *DEMO_TRAIN])
+    link = read_link(run)
+    assert MlflowClient(store_uri(tmp_path)).get_run(link.run_id).info.status == "FAILED"
+    assert f"MLflow: run {link.run_id} ended FAILED" in caplog.text
 
 
 @pytest.mark.spark
