@@ -346,6 +346,7 @@ class Trainer:
             atomic_write_bytes(self.out / "train_summary.json",
                                json.dumps(summary, indent=2).encode())
             self.writer.close()
+            self.writer = None  # its run is FINISHED: a failure after this leaves it so
             in_sync = len(set(checksums)) == 1
             epoch, best = summary["model_epoch"], summary["best"].get("ndcg@10")
             kept = (f"epoch {epoch}'s weights (the best validation NDCG@10, {best:.4f})"
