@@ -251,23 +251,6 @@ elastic() {
         "${threads[@]}" "$@"
 }
 
-# Runs "$@" with TMPDIR a folder of its own, removed afterwards when "$@" succeeded and named
-# when it failed. The programs the tests start and stop leave things in the temporary folder
-# that they never remove: a CI run here left Spark's TorchDistributor folders (train.py,
-# output.pickle), an Open MPI session folder and torch's cache folder in /tmp.
-in_own_temp_folder() {
-    local temp status=0
-    temp=$(mktemp -d "${TMPDIR:-/tmp}/hvd_ctsm-tests.XXXXXX")
-    chmod 1777 "$temp"  # as /tmp: a test that acts as another user makes its folders in it
-    TMPDIR=$temp "$@" || status=$?
-    if ((status == 0)); then
-        rm -rf "$temp"
-    else
-        echo "[run.sh] test: the tests' temporary files are kept in $temp" >&2
-    fi
-    return $status
-}
-
 run_tests() {
     if [[ $# -eq 0 && -z $STACK_CHOSEN ]]; then
         # Both stacks, each from its own venv: the nested runs choose theirs (VENV and the
@@ -311,13 +294,13 @@ run_tests() {
     local pytest=(env OMP_NUM_THREADS=1 "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-2}"
         --dist loadfile)
     if [[ $# -gt 0 ]]; then
-        in_own_temp_folder "${pytest[@]}" "$@"
+        "${pytest[@]}" "$@"
         return
     fi
     local heavy=(--heavy)
     [[ $HVD_CTSM_STACK == current ]] && heavy+=(-m both_stacks)
     echo "[run.sh] test ($HVD_CTSM_STACK stack): the unit tier first, then ${heavy[*]}"
-    in_own_temp_folder "${pytest[@]}" --fast && in_own_temp_folder "${pytest[@]}" "${heavy[@]}"
+    "${pytest[@]}" --fast && "${pytest[@]}" "${heavy[@]}"
 }
 
 main() {

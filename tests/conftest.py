@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -84,18 +86,44 @@ def ml100k_dir() -> Path:
     return Path(os.environ.get("ML100K_DIR", REPO.parent / "shared" / "data" / "ml-100k"))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def launcher_temp_folders(tmp_path_factory) -> None:
-    """torchrun keeps its workers' logs in a torchelastic_* folder that it makes in the
-    temporary folder and never removes: the suite starts it directly, through TorchDistributor
-    and in benchmarks, and a CI run left about 40 such folders behind (46 during one here,
-    other test runs beside it). PET_LOG_DIR is torchrun's --log-dir: here a folder among
-    pytest's own, which pytest prunes. (./run.sh's launcher passes its own --log-dir and
-    removes it.)"""
-    os.environ.setdefault("PET_LOG_DIR", str(tmp_path_factory.mktemp("torchrun-logs")))
-    # Open MPI's session folders (ompi.HOST.UID/pid.*, jf.*) are left in the temporary folder by
-    # every mpirun a test stops or kills: 4 during one CI run here. Among pytest's, as above.
-    os.environ.setdefault("OMPI_MCA_orte_tmpdir_base", str(tmp_path_factory.mktemp("ompi")))
+# Programs the tests start and stop leave files in the temporary folder that they never remove:
+# a CI run once left in /tmp two of Spark's TorchDistributor folders (a cancelled rank's
+# train.py and output.pickle: its torchrun finished after Spark killed the task's worker), an
+# Open MPI session folder, torchrun's torchelastic_* logs (about 40), torch's cache folder and
+# pytest's own. So the whole run gets a temporary folder of its own (TMPDIR, which the xdist
+# workers and every program they start inherit), removed when the run passed and named on the
+# last line when it failed. Mode 1777 as /tmp: a test that acts as another user makes its
+# folders in it.
+RUN_TEMP_FOLDER = "hvd_ctsm-tests."
+RUN_TEMP_KEY = pytest.StashKey[str]()
+RUN_STATUS_KEY = pytest.StashKey[int]()
+# What a user may want to look into; other runs ran nothing (a usage error) or all passed.
+KEEPS_TEMP_FILES = {pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.INTERRUPTED,
+                    pytest.ExitCode.INTERNAL_ERROR}
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # an xdist worker: its controller made the folder
+        return
+    folder = tempfile.mkdtemp(prefix=RUN_TEMP_FOLDER)
+    os.chmod(folder, 0o1777)
+    os.environ["TMPDIR"] = folder
+    tempfile.tempdir = folder  # this process had already asked (pytest's capture files)
+    config.stash[RUN_TEMP_KEY] = folder
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config.stash[RUN_STATUS_KEY] = exitstatus
+
+
+def pytest_unconfigure(config):
+    folder = config.stash.get(RUN_TEMP_KEY, None)
+    if folder is None:
+        return
+    if config.stash.get(RUN_STATUS_KEY, pytest.ExitCode.OK) in KEEPS_TEMP_FILES:
+        print(f"the tests' temporary files are kept in {folder}", file=sys.stderr)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -72,6 +72,6 @@ def test_the_torchrun_check_leaves_nothing_in_the_temporary_folder(tmp_path, mon
     folder = tmp_path / "tmp"
     folder.mkdir()
     monkeypatch.setenv("TMPDIR", str(folder))
-    monkeypatch.delenv("PET_LOG_DIR", raising=False)  # the suite's (conftest): a user has none
+    monkeypatch.delenv("PET_LOG_DIR", raising=False)  # torchrun's --log-dir, if set
     assert doctor.check_torch_allreduce().ok
     assert list(folder.iterdir()) == []

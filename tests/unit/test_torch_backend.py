@@ -55,7 +55,7 @@ def test_torchrun_selftest_gives_the_exact_sum_on_both_ranks_and_leaves_no_folde
     empty torchelastic_* tree in the temporary folder at each run; the ranks remove it now."""
     temp = tmp_path / "tmp"
     temp.mkdir()
-    monkeypatch.delenv("PET_LOG_DIR", raising=False)  # the suite's (conftest): a user has none
+    monkeypatch.delenv("PET_LOG_DIR", raising=False)  # torchrun's --log-dir, if set
     proc = fl.run(torchrun("-m", "hvd_ctsm.distributed", "selftest"), timeout=180,
                   TMPDIR=str(temp))
     reports = parse_selftest(proc.stdout)
