@@ -24,6 +24,7 @@ registry stays the offline fallback: scoring and --warm-start read it, with or w
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -156,6 +157,9 @@ def check_registry(registry: Path, inputs) -> None:
 
 
 LOCK = ".deploy.lock"  # flocked by the deploy that is numbering, publishing and pointing `current`
+# flock's errors where the file system keeps no locks: an NFS mount without its lock manager
+# (ENOLCK), a FUSE or network file system that has no lock call.
+NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}
 
 
 def holds_only_ours(registry: Path) -> bool:
@@ -183,6 +187,12 @@ def registry_lock(registry: Path):
         except BlockingIOError:
             print(f"waiting for another deploy into {registry} to finish", file=sys.stderr)
             fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as exc:  # before: the deploy crashed here, exit 3, and took no version
+            if exc.errno not in NO_LOCKS:
+                raise
+            print(f"warning: {registry} is on a file system without locks ({exc.strerror}): "
+                  "this deploy is not kept from another one into it at the same moment; "
+                  "deploy there one at a time", file=sys.stderr)
         yield
     finally:
         os.close(lock)  # releases the lock

@@ -3,12 +3,15 @@ checks what it wrote; a missing model is one line with exit code 2 (hvd_ctsm.err
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from hvd_ctsm.serving import deploy
 from tests.conftest import REPO
@@ -192,3 +195,30 @@ def test_the_registry_option_names_a_registry_folder(tmp_path, capsys):
     code, err = deploy_line([*args, str(mine)], capsys)
     assert code == 2 and "it holds files deploy did not write" in err, err
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_a_registry_where_no_lock_can_be_taken_takes_the_deploy_with_a_warning(
+        tmp_path, monkeypatch, capsys):
+    """An NFS mount without its lock manager refuses every flock (ENOLCK): the deploy crashed
+    there, exit 3, and published nothing. A stand-in for that mount, which cannot be made here:
+    flock raising as it does there. Other errors of flock stay errors."""
+    run, report = run_folder(tmp_path, "../features")
+    features_beside(tmp_path)
+    registry = tmp_path / "registry"
+
+    def flock_refused(fd, operation, code=errno.ENOLCK):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(deploy.fcntl, "flock", flock_refused)
+    args = ["--model", str(run), "--report", str(report), "--registry", str(registry)]
+    assert deploy.main(args) == 0
+    assert deploy.current(registry) == registry / "v0001"
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: {registry} is on a file system without locks (No locks available): this "
+        "deploy is not kept from another one into it at the same moment; deploy there one at a "
+        "time"]
+    monkeypatch.setattr(deploy.fcntl, "flock",
+                        lambda fd, operation: flock_refused(fd, operation, errno.EBADF))
+    with pytest.raises(OSError) as raised:
+        deploy.deploy(run, report, tmp_path / "other")
+    assert raised.value.errno == errno.EBADF
