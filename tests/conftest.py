@@ -95,7 +95,7 @@ def ml100k_dir() -> Path:
 # last line when it failed. Mode 1777 as /tmp: a test that acts as another user makes its
 # folders in it.
 RUN_TEMP_FOLDER = "hvd_ctsm-tests."
-RUN_TEMP_KEY = pytest.StashKey[str]()
+RUN_TEMP_KEY = pytest.StashKey[tuple[str, str | None, str | None]]()  # folder, TMPDIR, tempdir
 RUN_STATUS_KEY = pytest.StashKey[int]()
 # What a user may want to look into; other runs ran nothing (a usage error) or all passed.
 KEEPS_TEMP_FILES = {pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.INTERRUPTED,
@@ -107,9 +107,9 @@ def pytest_configure(config):
         return
     folder = tempfile.mkdtemp(prefix=RUN_TEMP_FOLDER)
     os.chmod(folder, 0o1777)
+    config.stash[RUN_TEMP_KEY] = (folder, os.environ.get("TMPDIR"), tempfile.tempdir)
     os.environ["TMPDIR"] = folder
     tempfile.tempdir = folder  # this process had already asked (pytest's capture files)
-    config.stash[RUN_TEMP_KEY] = folder
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -117,9 +117,16 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_unconfigure(config):
-    folder = config.stash.get(RUN_TEMP_KEY, None)
-    if folder is None:
+    if RUN_TEMP_KEY not in config.stash:
         return
+    folder, tmpdir, tempdir = config.stash[RUN_TEMP_KEY]
+    # As they were: a process that runs pytest.main() again (an IDE's) makes its next folder
+    # where it made this one, not in this one, gone.
+    if tmpdir is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = tmpdir
+    tempfile.tempdir = tempdir
     if config.stash.get(RUN_STATUS_KEY, pytest.ExitCode.OK) in KEEPS_TEMP_FILES:
         print(f"the tests' temporary files are kept in {folder}", file=sys.stderr)
     else:
