@@ -162,6 +162,17 @@ LOCK = ".deploy.lock"  # flocked by the deploy that is numbering, publishing and
 NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}
 
 
+def open_lock_file(registry: Path) -> tuple[int, bool]:
+    """The registry's lock file, and whether it is open for writing: read-write where this user
+    may (an NFS client takes an exclusive flock only on a file open for writing), else read-only
+    (a team's shared registry: the file the first deployer made, in that user's umask; a local
+    flock needs no more)."""
+    try:
+        return os.open(registry / LOCK, os.O_RDWR | os.O_CREAT, 0o666), True
+    except PermissionError:
+        return os.open(registry / LOCK, os.O_RDONLY | os.O_CREAT, 0o666), False
+
+
 def holds_only_ours(registry: Path) -> bool:
     """Nothing but what deploy makes before a version: its lock, and its marker (which another
     deploy may be writing right now, so that it reads as no marker, and its temporary file
@@ -178,21 +189,27 @@ def registry_lock(registry: Path):
     """One deploy at a time in `registry`. Two at once both took the same next vNNNN (the second
     crashed on the rename) or wrote `current` in the order they finished, so that it could name
     the older version. The kernel drops a flock when its holder dies (kill -9 too): a killed
-    deploy never leaves the registry locked. Opened to read (a flock needs no more): a team's
-    shared registry takes the lock file the first deployer made, in that user's umask."""
-    lock = os.open(registry / LOCK, os.O_RDONLY | os.O_CREAT, 0o666)
+    deploy never leaves the registry locked. Where no lock can be taken, the deploy goes on
+    unguarded and says so (before: it crashed, exit 3, and published nothing)."""
+    lock, writable = open_lock_file(registry)
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             print(f"waiting for another deploy into {registry} to finish", file=sys.stderr)
             fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError as exc:  # before: the deploy crashed here, exit 3, and took no version
-            if exc.errno not in NO_LOCKS:
+        except OSError as exc:
+            if exc.errno == errno.EBADF and not writable:  # flock(2): NFS's exclusive locks
+                why = (f"this file system locks only files open for writing, and {registry / LOCK}"
+                       " is not this user's to write")
+                then = "make that file writable for every deployer"
+            elif exc.errno in NO_LOCKS:
+                why = f"{registry} is on a file system without locks ({exc.strerror})"
+                then = "deploy there one at a time"
+            else:
                 raise
-            print(f"warning: {registry} is on a file system without locks ({exc.strerror}): "
-                  "this deploy is not kept from another one into it at the same moment; "
-                  "deploy there one at a time", file=sys.stderr)
+            print(f"warning: {why}: this deploy is not kept from another one into the registry "
+                  f"at the same moment; {then}", file=sys.stderr)
         yield
     finally:
         os.close(lock)  # releases the lock

@@ -4,6 +4,7 @@ checks what it wrote; a missing model is one line with exit code 2 (hvd_ctsm.err
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -215,10 +216,47 @@ def test_a_registry_where_no_lock_can_be_taken_takes_the_deploy_with_a_warning(
     assert deploy.current(registry) == registry / "v0001"
     assert capsys.readouterr().err.splitlines() == [
         f"warning: {registry} is on a file system without locks (No locks available): this "
-        "deploy is not kept from another one into it at the same moment; deploy there one at a "
-        "time"]
+        "deploy is not kept from another one into the registry at the same moment; deploy "
+        "there one at a time"]
     monkeypatch.setattr(deploy.fcntl, "flock",
                         lambda fd, operation: flock_refused(fd, operation, errno.EBADF))
     with pytest.raises(OSError) as raised:
         deploy.deploy(run, report, tmp_path / "other")
     assert raised.value.errno == errno.EBADF
+
+
+def test_the_registry_lock_is_taken_where_only_files_open_for_writing_are_locked(
+        tmp_path, monkeypatch, capsys):
+    """An NFS client takes an exclusive flock only on a file open for writing (flock(2)): the
+    lock file, opened to read, gave EBADF, and every deploy into a registry on NFS crashed, exit
+    3. A stand-in for that mount (none can be made here): flock refusing a read-only file. It
+    is opened for writing now; a lock file another user made, which this one may only read
+    (the open's PermissionError stands in for that user), says what to change."""
+    real_flock = fcntl.flock
+
+    def nfs_flock(fd, operation):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return real_flock(fd, operation)
+
+    run, report = run_folder(tmp_path, "../features")
+    features_beside(tmp_path)
+    monkeypatch.setattr(deploy.fcntl, "flock", nfs_flock)
+    registry = tmp_path / "registry"
+    assert deploy.deploy(run, report, registry) == registry / "v0001"
+    assert capsys.readouterr().err == ""  # locked, as on a local disk
+
+    real_open = os.open
+
+    def another_users_file(path, flags, *mode):
+        if os.fspath(path).endswith(deploy.LOCK) and flags & os.O_ACCMODE != os.O_RDONLY:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_open(path, flags, *mode)
+
+    monkeypatch.setattr(deploy.os, "open", another_users_file)
+    other = tmp_path / "other"
+    assert deploy.deploy(run, report, other) == other / "v0001"
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: this file system locks only files open for writing, and {other / deploy.LOCK}"
+        " is not this user's to write: this deploy is not kept from another one into the "
+        "registry at the same moment; make that file writable for every deployer"]
