@@ -208,12 +208,13 @@ def work_held(work: Path):
     added, and the kernel drops it when the process dies, kill -9 too). Before, a second run
     (a schedule's next, started before the last ended) rebuilt WORK/features under the first's
     training and backtest, and its deploy could publish a model backtested on other features.
-    A file system without flock on folders goes unguarded."""
+    A file system that cannot lock folders (NFS) goes unguarded, and the run says so once."""
     from hvd_ctsm.files import outputs
 
     work.mkdir(parents=True, exist_ok=True)
     try:
-        fd = outputs.lock_folder(work)
+        fd = outputs.lock_folder(work, "a second pipeline into it at the same moment would "
+                                 "not be refused; run one pipeline in this --work at a time")
     except outputs.FolderBusy:
         raise WorkInUse(f"another pipeline is writing {work} now: wait for it to end, or "
                         "pick another --work") from None

@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -364,17 +365,36 @@ class FolderBusy(Exception):
     """Another process holds the folder (lock_folder)."""
 
 
-def lock_folder(folder: Path) -> int:
+# The folders lock_folder warned of, in this process and the one that started it: a pipeline's
+# training (horovodrun, torchrun) does not warn again of its run folder inside the pipeline's.
+SAID_UNGUARDED = "HVD_CTSM_SAID_UNGUARDED"
+
+
+def said_unguarded(folder: Path) -> bool:
+    """Whether `folder`, or a folder holding it, was said unguarded already (and note it)."""
+    said = [Path(p) for p in os.environ.get(SAID_UNGUARDED, "").split(os.pathsep) if p]
+    folder = folder.resolve()
+    if any(s == folder or s in folder.parents for s in said):
+        return True
+    os.environ[SAID_UNGUARDED] = os.pathsep.join(map(str, [*said, folder]))
+    return False
+
+
+def lock_folder(folder: Path, unguarded: str = "") -> int:
     """An flock on `folder` itself, taken without waiting: no file is added, and the kernel
     drops it when its holder dies (kill -9 too). Returns the descriptor that holds it until
-    closed; FolderBusy when another process holds it. On a file system without flock on
-    folders the descriptor holds nothing: the folder goes unguarded."""
+    closed; FolderBusy when another process holds it. On a file system that cannot lock a
+    folder (NFS: its client takes an exclusive flock only on a file open for writing, flock(2))
+    the folder goes unguarded, and `unguarded` (what that lets through, what to do) says so
+    once in a warning; before, without a word."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise FolderBusy(str(folder)) from None
-    except OSError:
-        pass
+    except OSError as exc:
+        if unguarded and not said_unguarded(folder):
+            print(f"warning: {folder} is on a file system that cannot lock folders "
+                  f"({exc.strerror}): {unguarded}", file=sys.stderr)
     return fd

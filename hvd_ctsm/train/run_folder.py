@@ -47,6 +47,8 @@ def check_out_folder(out: Path, resume: bool, overwrite: bool, inputs: list,
         outputs.remove_ours(out, keep_folder=True)
 
 
+UNGUARDED = ("a second `train` into it at the same moment would not be refused; train into "
+             "one --out at a time")
 HELD: dict[Path, tuple[int, Path | None]] = {}  # run folder -> (its lock, the top folder made)
 
 
@@ -55,13 +57,14 @@ def hold_run_folder(out: Path, until_released: bool) -> None:
     run (flock on the folder itself, made if need be: no file is added, and the kernel drops the
     lock when the process dies, kill -9 too), else only look. Before, a second `train` into it
     ran beside the first (checkpoints, logs and MLflow link mixed, both exit 0), and --overwrite
-    emptied the folder under it. A file system without flock on folders goes unguarded."""
+    emptied the folder under it. A file system that cannot lock folders (NFS) goes unguarded,
+    and the run says so."""
     missing = [folder for folder in (out, *out.parents) if not folder.exists()]
     if missing and not until_released:
         return  # nobody trains in a folder that is not there; a check makes nothing
     out.mkdir(parents=True, exist_ok=True)
     try:
-        fd = outputs.lock_folder(out)
+        fd = outputs.lock_folder(out, UNGUARDED if until_released else "")
     except outputs.FolderBusy:
         raise SystemExit(f"error: another `train` is writing {out} now: wait for it to end "
                          "(--resume then goes on from its checkpoints), or train into another "

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hvd_ctsm.config import ConfigError, TrainConfig
 from hvd_ctsm.data.batches import read_metadata, shard_rows, split_url
+from hvd_ctsm.files import outputs
 from hvd_ctsm.train import faults
 from hvd_ctsm.train.launch import LaunchOptions, check_run_folder, parse_command
 
@@ -186,6 +187,8 @@ def train_on_spark(cfg: TrainConfig | list[str], num_proc: int = 2, spark=None,
     nics = spark_nics(cfg.dist.spark_nics) if backend == "horovod" else None
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // num_proc)
     env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", faults.STARTED_BY: "spark"}
+    if outputs.SAID_UNGUARDED in os.environ:  # the pipeline warned of its folders already
+        env[outputs.SAID_UNGUARDED] = os.environ[outputs.SAID_UNGUARDED]
     from hvd_ctsm import distributed
     try:
         if backend == "torch":  # TorchDistributor returns one rank's result: rank 0's task's, or

@@ -3,12 +3,13 @@ ended): the second is refused in one line before any step; the first's hold dies
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
 import sys
 
-from spark_jobs.pipeline import PipelineConfig, main, run_pipeline, work_held
+from spark_jobs.pipeline import PipelineConfig, check_work_free, main, run_pipeline, work_held
 from tests.conftest import REPO, TINY_SOURCE
 
 HOLDER = """
@@ -60,3 +61,26 @@ def test_the_command_refuses_a_work_folder_in_use_before_it_starts_spark(tmp_pat
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=60)
+
+
+def test_a_work_folder_that_cannot_be_locked_is_said_unguarded_once(tmp_path, monkeypatch,
+                                                                    capsys):
+    """On NFS a folder cannot be flocked (its client locks only files open for writing): the
+    pipeline went on unguarded without a word. A stand-in for that mount: flock refusing as it
+    does there. The command's check and the run's hold say it once between them."""
+    from hvd_ctsm.files import outputs
+
+    def flock_refused(fd, operation):
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    monkeypatch.setattr(outputs.fcntl, "flock", flock_refused)
+    monkeypatch.delenv(outputs.SAID_UNGUARDED, raising=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    check_work_free(work)
+    with work_held(work):
+        pass
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: {work} is on a file system that cannot lock folders (Bad file descriptor): a "
+        "second pipeline into it at the same moment would not be refused; run one pipeline in "
+        "this --work at a time"]

@@ -5,13 +5,14 @@ process as between two)."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 
 import pytest
 
 from hvd_ctsm.files import outputs
-from hvd_ctsm.train.run_folder import check_out_folder, hold_run_folder, release_run_folder
+from hvd_ctsm.train.run_folder import HELD, check_out_folder, hold_run_folder, release_run_folder
 
 
 def test_a_refused_run_leaves_none_of_the_folders_its_hold_made(tmp_path):
@@ -49,3 +50,27 @@ def test_a_folder_a_run_is_writing_is_said_so_before_anything_else(tmp_path):
     finally:
         os.close(running)
     assert sorted(p.name for p in out.iterdir()) == [f".{outputs.MARKER}.x1y2.tmp"]
+
+
+def test_a_run_folder_that_cannot_be_locked_is_said_unguarded_once(tmp_path, monkeypatch, capsys):
+    """An NFS client takes an exclusive flock only on a file open for writing (flock(2)), and a
+    folder cannot be opened so: the run folder went unguarded without a word. A stand-in for
+    that mount (none can be made here): flock refusing as it does there (EBADF)."""
+    def flock_refused(fd, operation):
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    monkeypatch.setattr(outputs.fcntl, "flock", flock_refused)
+    monkeypatch.delenv(outputs.SAID_UNGUARDED, raising=False)
+    out = tmp_path / "run"
+    out.mkdir()
+    check_out_folder(out, resume=False, overwrite=False, inputs=[])  # looks and holds
+    assert out in HELD
+    release_run_folder(out)
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: {out} is on a file system that cannot lock folders (Bad file descriptor): a "
+        "second `train` into it at the same moment would not be refused; train into one --out "
+        "at a time"]
+    quiet = tmp_path / "checked"
+    quiet.mkdir()
+    check_out_folder(quiet, resume=False, overwrite=False, inputs=[], hold=False)
+    assert capsys.readouterr().err == ""  # a check holds nothing: nothing to warn of
