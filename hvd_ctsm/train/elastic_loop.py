@@ -92,7 +92,9 @@ def run(cfg, init_from: str | None = None) -> dict:
             end_epoch(state, trainer)
             commit(state)
 
-    with faults.peer_loss_reported(cfg, trainer.model):  # a no-op under an elastic launch
+    # A failure that gets out of the elastic loop (a damaged file, Ctrl-C) ends rank 0's logs at
+    # once: before, the MLflow run stayed RUNNING until the process ended (a notebook's kernel).
+    with faults.peer_loss_reported(cfg, trainer.model), trainer.logs_ended_on_failure():
         loop(state)
         summary = {"steps": state.step, "elastic": True, "samples": state.samples,
                    "steps_per_epoch_at_start": steps_per_epoch, "best": state.best,

@@ -117,12 +117,15 @@ def store_uri(work: Path) -> str:
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.parametrize("launch_flags",
+                         [[], pytest.param(["--elastic"], marks=pytest.mark.horovod)])
 def test_a_training_that_fails_in_a_notebook_ends_its_run_at_once(demo, tmp_path, monkeypatch,
-                                                                  caplog):
+                                                                  caplog, launch_flags):
     """The trainer called in-process, as a notebook does, on a dataset damaged in its pages:
     its MLflow run stayed RUNNING after the call raised, until the process ended (the exit
     hook ended it then), and a command's last line was that hook's, after the error's. Now the
-    run is FAILED when the call raises, said before the error."""
+    run is FAILED when the call raises, said before the error; an elastic run's too (its own
+    loop left it to the exit hook)."""
     import shutil
 
     from mlflow import MlflowClient
@@ -137,7 +140,8 @@ def test_a_training_that_fails_in_a_notebook_ends_its_run_at_once(demo, tmp_path
     shutil.copytree(demo / "features", data)
     fl.damage_pages(data / "train" / "part-00000.parquet")
     with pytest.raises(DatasetError, match="the file is damaged"):
-        launch.main(["--data", str(data), "--out", str(run), "epochs=1", *DEMO_TRAIN])
+        launch.main(["--data", str(data), "--out", str(run), *launch_flags, "epochs=1",
+                     *DEMO_TRAIN])
     link = read_link(run)
     assert MlflowClient(store_uri(tmp_path)).get_run(link.run_id).info.status == "FAILED"
     assert f"MLflow: run {link.run_id} ended FAILED" in caplog.text
