@@ -128,16 +128,35 @@ def spark_rows(spark, url: str, fields: list[str] | None = None):
 
 def read_row_group(url: str, group: RowGroup, fields: list[str] | None = None) -> list:
     """One row group's rows, decoded (all columns, or only `fields`)."""
-    import pyarrow.parquet as pq
-
     fields = list(fields or COLUMNS)
-    fs, _ = _location(url)
-    with _open(fs, group.path) as f, damaged_said(f"{group.path}: row group {group.index}"):
-        table = pq.ParquetFile(f).read_row_group(group.index, columns=fields)
+    table = _read_table(url, group, fields)
     row_type = namedtuple("Row", fields)
     columns = [[decode(v) for v in table.column(name).to_pylist()]  # column by column: faster
                for name, decode in zip(fields, map(_decoder, fields), strict=True)]
     return [row_type(*values) for values in zip(*columns, strict=True)]
+
+
+def _read_table(url: str, group: RowGroup, fields: list[str]):
+    """One row group's columns as pyarrow reads them; a damaged page is its file's line."""
+    import pyarrow.parquet as pq
+
+    fs, _ = _location(url)
+    with _open(fs, group.path) as f, damaged_said(f"{group.path}: row group {group.index}"):
+        return pq.ParquetFile(f).read_row_group(group.index, columns=fields)
+
+
+def damaged_group_said(url: str, rank: int, size: int, seed: int | None,
+                       fields: list[str] | None = None) -> DatasetError | None:
+    """The line of the first row group of rank `rank`'s shard that cannot be read (its file and
+    number), found by reading the shard again; None when every one reads. For a reader that
+    does not say which file failed (Petastorm's), on its failure only."""
+    groups = row_groups(url)
+    for number in shard_order(len(groups), rank, size, seed, shuffle=False):
+        try:
+            _read_table(url, groups[number], list(fields or COLUMNS))
+        except DatasetError as exc:
+            return exc
+    return None
 
 
 @contextmanager
@@ -157,17 +176,25 @@ def damaged_said(where: str, damaged: str = "the file is damaged"):
         raise DatasetError(f"{where} cannot be read ({first}): {damaged}; {REBUILD}") from exc
 
 
-def rows_said_damaged(rows: Iterator, where: str, damaged: str) -> Iterator:
+def rows_said_damaged(rows: Iterator, where: str, damaged: str,
+                      find_damaged=lambda: None) -> Iterator:
     """`rows`, where a reader that decodes row groups inside next() (Petastorm's) fails on a
-    damaged one as damaged_said says. The yield stays outside the `with`: an error the
-    consumer throws into this generator is not the file's."""
+    damaged one as damaged_said says, or as `find_damaged()` says naming the file (None: it
+    found none). The yield stays outside the `with`: an error the consumer throws into this
+    generator is not the file's."""
     rows = iter(rows)
     while True:
-        with damaged_said(where, damaged):
-            try:
-                row = next(rows)
-            except StopIteration:
-                return
+        try:
+            with damaged_said(where, damaged):
+                try:
+                    row = next(rows)
+                except StopIteration:
+                    return
+        except DatasetError as exc:
+            named = find_damaged()
+            if named is None:
+                raise
+            raise named from exc
         yield row
 
 

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -291,11 +292,12 @@ def _open_petastorm_reader(url: str, rank: int, size: int, seed: int | None, shu
     and its order is not reproducible with more than one thread."""
     from petastorm import make_reader
 
-    from hvd_ctsm.data.arrow_reader import rows_said_damaged
+    from hvd_ctsm.data.arrow_reader import damaged_group_said, rows_said_damaged
     from hvd_ctsm.data.npy_codec import use_fast_decoding
     from hvd_ctsm.files import storage
 
     split = url if storage.is_remote(url) else storage.local_path(url)  # as the user named it
+    find_damaged = partial(damaged_group_said, url, rank, size, seed, fields)
     if not storage.is_remote(url):  # Petastorm takes a file: URL's "%20" literally
         url = f"file://{storage.local_path(url)}"
     reader = make_reader(url, schema_fields=fields, cur_shard=rank, shard_count=size,
@@ -304,10 +306,9 @@ def _open_petastorm_reader(url: str, rank: int, size: int, seed: int | None, shu
     use_fast_decoding(reader.schema)  # np.load's header parsing dominated reading (npy_codec)
     rows = reader if storage.is_remote(url) else rows_of_the_pinned_build(
         reader, storage.local_path(url))
-    try:  # Petastorm does not say which file failed: the default reader names it
+    try:  # Petastorm does not say which file failed: read the shard again to find it
         yield rows_said_damaged(rows, f"{split}: a row group of rank {rank}'s shard",
-                                "one of its files is damaged (the default reader, HVD_CTSM_READER "
-                                "unset, names it)")
+                                "one of its files is damaged", find_damaged)
     finally:
         # Not `with reader`: its exit also runs cleanup_cache(), which prints "Cache cleanup
         # complete." once per rank per epoch; we use no disk cache, so stop and join suffice.

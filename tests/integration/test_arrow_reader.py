@@ -71,18 +71,16 @@ def torch_equal(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
 
 
-@pytest.mark.parametrize("reader,said", [
-    ("arrow", r"/train/part-00000\.parquet: row group 0 cannot be read \(.+\): the file is "
-              r"damaged; rebuild the features"),
-    ("petastorm", r"/train: a row group of rank 0's shard cannot be read \(.+\): one of its files "
-                  r"is damaged \(the default reader, HVD_CTSM_READER unset, names it\); rebuild")])
+@pytest.mark.parametrize("reader", ["arrow", "petastorm"])
 def test_a_damaged_page_is_one_line_under_either_reader(monkeypatch, tiny_features, tmp_path,
-                                                        reader, said):
+                                                        reader):
     """A file's pages damaged, its size and footer as they were. Before, under
     HVD_CTSM_READER=petastorm training crashed (exit 3) with pyarrow's `OSError: Couldn't
-    deserialize thrift ...`; the default reader already said the file's line."""
+    deserialize thrift ...`, then said only the split and the rank; the default reader already
+    said the file's line, and now both do (Petastorm's by reading the shard again)."""
     data = tmp_path / "tiny"
     shutil.copytree(tiny_features, data)
     fl.damage_pages(data / "train" / "part-00000.parquet")
-    with pytest.raises(DatasetError, match=said):
+    with pytest.raises(DatasetError, match=r"/train/part-00000\.parquet: row group 0 cannot be "
+                       r"read \(.+\): the file is damaged; rebuild the features"):
         read_all(monkeypatch, reader, split_url(data, "train"), 0, 1, None, False)
