@@ -18,6 +18,7 @@ by row, shuffled and sharded):
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import namedtuple
 from collections.abc import Iterator
@@ -151,7 +152,11 @@ def damaged_group_said(url: str, rank: int, size: int, seed: int | None,
     number), found by reading the shard again; None when every one reads. For a reader that
     does not say which file failed (Petastorm's), on its failure only."""
     groups = row_groups(url)
-    for number in shard_order(len(groups), rank, size, seed, shuffle=False):
+    shard = shard_order(len(groups), rank, size, seed, shuffle=False)
+    logging.getLogger("hvd_ctsm.data").warning(
+        "rank %d: a row group of %s cannot be read: reading the shard's %d row groups again to "
+        "name its file", rank, _location(url)[1], len(shard))
+    for number in shard:
         try:
             _read_table(url, groups[number], list(fields or COLUMNS))
         except DatasetError as exc:
