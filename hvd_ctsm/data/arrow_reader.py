@@ -137,6 +137,11 @@ def read_row_group(url: str, group: RowGroup, fields: list[str] | None = None) -
     return [row_type(*values) for values in zip(*columns, strict=True)]
 
 
+class DamagedFileError(DatasetError):
+    """A row group pyarrow cannot decode (damaged_said): not another DatasetError raised while
+    reading, such as a dataset replaced by a new build."""
+
+
 def _read_table(url: str, group: RowGroup, fields: list[str]):
     """One row group's columns as pyarrow reads them; a damaged page is its file's line."""
     import pyarrow.parquet as pq
@@ -147,7 +152,7 @@ def _read_table(url: str, group: RowGroup, fields: list[str]):
 
 
 def damaged_group_said(url: str, rank: int, size: int, seed: int | None,
-                       fields: list[str] | None = None) -> DatasetError | None:
+                       fields: list[str] | None = None) -> DamagedFileError | None:
     """The line of the first row group of rank `rank`'s shard that cannot be read (its file and
     number), found by reading the shard again; None when every one reads. For a reader that
     does not say which file failed (Petastorm's), on its failure only."""
@@ -159,7 +164,7 @@ def damaged_group_said(url: str, rank: int, size: int, seed: int | None,
     for number in shard:
         try:
             _read_table(url, groups[number], list(fields or COLUMNS))
-        except DatasetError as exc:
+        except DamagedFileError as exc:
             return exc
     return None
 
@@ -178,7 +183,8 @@ def damaged_said(where: str, damaged: str = "the file is damaged"):
         if isinstance(exc, OSError) and exc.errno is not None:
             raise
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise DatasetError(f"{where} cannot be read ({first}): {damaged}; {REBUILD}") from exc
+        raise DamagedFileError(f"{where} cannot be read ({first}): {damaged}; {REBUILD}") \
+            from exc
 
 
 def rows_said_damaged(rows: Iterator, where: str, damaged: str,
@@ -195,7 +201,7 @@ def rows_said_damaged(rows: Iterator, where: str, damaged: str,
                     row = next(rows)
                 except StopIteration:
                     return
-        except DatasetError as exc:
+        except DamagedFileError as exc:
             named = find_damaged()
             if named is None:
                 raise
