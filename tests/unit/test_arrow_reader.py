@@ -79,3 +79,38 @@ def test_rows_said_damaged_passes_the_rows_then_says_the_damage_and_nothing_else
     assert next(said) == 1
     with pytest.raises(OSError, match="the consumer's"):
         said.throw(OSError("the consumer's"))
+
+
+def test_rows_said_damaged_names_the_file_found_only_for_a_damaged_page():
+    """Under Petastorm's reader the damaged file is found by reading the shard again
+    (`find_damaged`): its line replaces the split's; none found keeps the split's. Another
+    dataset error (a build replaced mid-read) is not a damaged page: no search, its own line."""
+    import pyarrow as pa
+
+    from hvd_ctsm.data.arrow_reader import DamagedFileError
+    from hvd_ctsm.data.pinned import DatasetReplacedError
+
+    def rows(failure):
+        yield 1
+        raise failure
+
+    searched = []
+
+    def found(named):
+        def find():
+            searched.append(True)
+            return named
+        return find
+
+    named = DamagedFileError("F.parquet: row group 3 cannot be read (bad page): ...")
+    with pytest.raises(DamagedFileError, match="^F.parquet: row group 3"):
+        list(rows_said_damaged(rows(pa.ArrowInvalid("bad page")), "SPLIT", "damaged",
+                               found(named)))
+    with pytest.raises(DamagedFileError, match=r"^SPLIT cannot be read \(bad page\)"):
+        list(rows_said_damaged(rows(pa.ArrowInvalid("bad page")), "SPLIT", "damaged",
+                               found(None)))
+    assert len(searched) == 2
+    with pytest.raises(DatasetReplacedError, match="replaced"):
+        list(rows_said_damaged(rows(DatasetReplacedError("replaced")), "SPLIT", "damaged",
+                               found(named)))
+    assert len(searched) == 2
