@@ -69,6 +69,7 @@ def test_a_work_folder_that_cannot_be_locked_is_said_unguarded_once(tmp_path, mo
     pipeline went on unguarded without a word. A stand-in for that mount: flock refusing as it
     does there. The command's check and the run's hold say it once between them."""
     from hvd_ctsm.files import outputs
+    from hvd_ctsm.train.run_folder import hold_run_folder, release_run_folder
 
     def flock_refused(fd, operation):
         raise OSError(errno.EBADF, os.strerror(errno.EBADF))
@@ -79,7 +80,9 @@ def test_a_work_folder_that_cannot_be_locked_is_said_unguarded_once(tmp_path, mo
     work.mkdir()
     check_work_free(work)
     with work_held(work):
-        pass
+        # its training (ranks started with this environment) does not say it of its run folder
+        hold_run_folder(work / "pipeline" / "model", until_released=True)
+        release_run_folder(work / "pipeline" / "model")
     assert capsys.readouterr().err.splitlines() == [
         f"warning: {work} is on a file system that cannot lock folders (Bad file descriptor): a "
         "second pipeline into it at the same moment would not be refused; run one pipeline in "
