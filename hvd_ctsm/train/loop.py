@@ -130,20 +130,25 @@ def build_trainer(cfg: TrainConfig) -> Trainer:
     trainer = Trainer(cfg, dataset, model, device, optimizer, scheduler, net=net,
                       effective_batch=effective_batch, total_steps=total_steps, plan=plan)
     if dist.is_root():
-        log.info(ends_when(cfg, trainer.rows_per_epoch))
+        log.info(ends_when(cfg, trainer.rows_per_epoch, total_steps))
     return trainer
 
 
-def ends_when(cfg: TrainConfig, rows_per_epoch: int) -> str:
-    """The log line that says when training ends: its epochs, or an early stop that can come
-    before them (not said where the patience is as long as the run)."""
+def ends_when(cfg: TrainConfig, rows_per_epoch: int, total_steps: int = 0) -> str:
+    """The log line that says when training ends: its epochs, or max_steps where that comes
+    first (before, a run of max_steps=1 said it ended at epoch 100), or an early stop that can
+    come before either (not said where it cannot)."""
     patience = patience_evals(cfg, rows_per_epoch) if cfg.early_stop_evals else 0
     epochs = patience * cfg.eval_every_epochs
-    if not patience or epochs >= cfg.epochs:
-        return f"training ends at epoch {cfg.epochs} (epochs)"
-    return (f"training ends at epoch {cfg.epochs} (epochs), or earlier after {patience} "
-            f"validations in a row without a better NDCG@10 ({epochs} epochs, about "
-            f"{epochs * rows_per_epoch:,.0f} training rows)")
+    end, last_epoch = f"training ends at epoch {cfg.epochs} (epochs)", cfg.epochs
+    if 0 < cfg.max_steps < total_steps:
+        end = (f"training ends after step {cfg.max_steps:,} (max_steps), of the {total_steps:,} "
+               f"its {cfg.epochs} epochs take")
+        last_epoch = cfg.max_steps * cfg.epochs / total_steps
+    if not patience or epochs >= last_epoch:
+        return end
+    return (f"{end}, or earlier after {patience} validations in a row without a better "
+            f"NDCG@10 ({epochs} epochs, about {epochs * rows_per_epoch:,.0f} training rows)")
 
 
 def nothing_left(trainer: Trainer, position: dict) -> str | None:

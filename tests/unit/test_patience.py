@@ -40,3 +40,19 @@ def test_the_log_names_an_early_stop_only_where_it_can_come_first():
         "training ends at epoch 30 (epochs)"
     assert ends_when(load_config(None, ["epochs=30", "early_stop_rows=0"]), 1000).startswith(
         "training ends at epoch 30 (epochs), or earlier after 5 validations in a row")
+
+
+def test_the_log_says_max_steps_where_it_ends_the_run_first():
+    """max_steps=1 logged 'training ends at epoch 100 (epochs), or earlier after 5 validations'
+    and then stopped after one step."""
+    from hvd_ctsm.train.loop import ends_when
+
+    smoke = load_config(None, ["max_steps=1"])
+    assert ends_when(smoke, 1000, total_steps=2000) == \
+        "training ends after step 1 (max_steps), of the 2,000 its 100 epochs take"
+    long = load_config(None, ["epochs=30", "early_stop_rows=0", "max_steps=1500"])
+    assert ends_when(long, 1000, total_steps=3000).startswith(  # 15 epochs: an early stop first
+        "training ends after step 1,500 (max_steps), of the 3,000 its 30 epochs take, or "
+        "earlier after 5 validations in a row")
+    assert ends_when(load_config(None, ["epochs=2", "max_steps=50"]), 1000, total_steps=40) == \
+        "training ends at epoch 2 (epochs)"  # the epochs end first
