@@ -151,6 +151,23 @@ def spark():
     session.stop()
 
 
+@pytest.fixture
+def folders_not_lockable(monkeypatch):
+    """flock answering as on an NFS mount, where no folder can be locked (its client takes an
+    exclusive flock only on a file open for writing: EBADF); a stand-in, as no NFS mount can
+    be made here. No folder has been said unguarded yet."""
+    import errno
+    import os
+
+    from hvd_ctsm.files import outputs
+
+    def flock_refused(fd, operation):
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+
+    monkeypatch.setattr(outputs.fcntl, "flock", flock_refused)
+    monkeypatch.delenv(outputs.SAID_UNGUARDED, raising=False)
+
+
 TINY_SOURCE = "synthetic:clients=160,items=60,events=6000,seed=11"
 
 

@@ -3,7 +3,6 @@ ended): the second is refused in one line before any step; the first's hold dies
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import subprocess
@@ -63,19 +62,13 @@ def test_the_command_refuses_a_work_folder_in_use_before_it_starts_spark(tmp_pat
         first.wait(timeout=60)
 
 
-def test_a_work_folder_that_cannot_be_locked_is_said_unguarded_once(tmp_path, monkeypatch,
-                                                                    capsys):
+def test_a_work_folder_that_cannot_be_locked_is_said_unguarded_once(tmp_path, capsys,
+                                                                    folders_not_lockable):
     """On NFS a folder cannot be flocked (its client locks only files open for writing): the
     pipeline went on unguarded without a word. A stand-in for that mount: flock refusing as it
     does there. The command's check and the run's hold say it once between them."""
-    from hvd_ctsm.files import outputs
     from hvd_ctsm.train.run_folder import hold_run_folder, release_run_folder
 
-    def flock_refused(fd, operation):
-        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
-
-    monkeypatch.setattr(outputs.fcntl, "flock", flock_refused)
-    monkeypatch.delenv(outputs.SAID_UNGUARDED, raising=False)
     work = tmp_path / "work"
     work.mkdir()
     check_work_free(work)

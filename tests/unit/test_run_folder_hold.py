@@ -5,7 +5,6 @@ process as between two)."""
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 
@@ -52,15 +51,11 @@ def test_a_folder_a_run_is_writing_is_said_so_before_anything_else(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [f".{outputs.MARKER}.x1y2.tmp"]
 
 
-def test_a_run_folder_that_cannot_be_locked_is_said_unguarded_once(tmp_path, monkeypatch, capsys):
+def test_a_run_folder_that_cannot_be_locked_is_said_unguarded_once(tmp_path, capsys,
+                                                                   folders_not_lockable):
     """An NFS client takes an exclusive flock only on a file open for writing (flock(2)), and a
     folder cannot be opened so: the run folder went unguarded without a word. A stand-in for
     that mount (none can be made here): flock refusing as it does there (EBADF)."""
-    def flock_refused(fd, operation):
-        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
-
-    monkeypatch.setattr(outputs.fcntl, "flock", flock_refused)
-    monkeypatch.delenv(outputs.SAID_UNGUARDED, raising=False)
     out = tmp_path / "run"
     out.mkdir()
     check_out_folder(out, resume=False, overwrite=False, inputs=[])  # looks and holds
