@@ -154,6 +154,15 @@ def wait_for_task_slots(spark, num_proc: int, timeout_s: float, poll_s: float = 
             "longer (dist.spark_slot_wait_s)")
 
 
+def rank_environment(threads: int) -> dict[str, str]:
+    """What each rank's process sets before it trains: a Spark task does not inherit the
+    driver's environment."""
+    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", faults.STARTED_BY: "spark"}
+    if outputs.SAID_UNGUARDED in os.environ:  # the pipeline warned of its folders already
+        env[outputs.SAID_UNGUARDED] = os.environ[outputs.SAID_UNGUARDED]
+    return env
+
+
 def train_on_spark(cfg: TrainConfig | list[str], num_proc: int = 2, spark=None,
                    options: LaunchOptions | None = None, threads_per_rank: int | None = None,
                    start_timeout: int | None = None, local_mode: bool = False,
@@ -185,10 +194,7 @@ def train_on_spark(cfg: TrainConfig | list[str], num_proc: int = 2, spark=None,
         local = spark.sparkContext.master.startswith("local")
         wait_for_task_slots(spark, num_proc, 0 if local else cfg.dist.spark_slot_wait_s)
     nics = spark_nics(cfg.dist.spark_nics) if backend == "horovod" else None
-    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // num_proc)
-    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", faults.STARTED_BY: "spark"}
-    if outputs.SAID_UNGUARDED in os.environ:  # the pipeline warned of its folders already
-        env[outputs.SAID_UNGUARDED] = os.environ[outputs.SAID_UNGUARDED]
+    env = rank_environment(threads_per_rank or max(1, (os.cpu_count() or 1) // num_proc))
     from hvd_ctsm import distributed
     try:
         if backend == "torch":  # TorchDistributor returns one rank's result: rank 0's task's, or

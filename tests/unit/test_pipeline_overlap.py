@@ -80,3 +80,16 @@ def test_a_work_folder_that_cannot_be_locked_is_said_unguarded_once(tmp_path, ca
         f"warning: {work} is on a file system that cannot lock folders (Bad file descriptor): a "
         "second pipeline into it at the same moment would not be refused; run one pipeline in "
         "this --work at a time"]
+
+
+def test_the_ranks_on_spark_are_told_what_the_pipeline_said_unguarded(monkeypatch):
+    """A Spark task's rank does not inherit the driver's environment: the pipeline's training
+    warned again of its run folder inside the unguarded --work (seen by hand on NFS's stand-in)."""
+    from hvd_ctsm.files import outputs
+    from hvd_ctsm.train.spark_train import rank_environment
+
+    monkeypatch.delenv(outputs.SAID_UNGUARDED, raising=False)
+    assert outputs.SAID_UNGUARDED not in rank_environment(1)
+    monkeypatch.setenv(outputs.SAID_UNGUARDED, "/nfs/work/pipeline")
+    assert rank_environment(1)[outputs.SAID_UNGUARDED] == "/nfs/work/pipeline"
+
