@@ -297,6 +297,7 @@ def _open_petastorm_reader(url: str, rank: int, size: int, seed: int | None, shu
     from hvd_ctsm.files import storage
 
     split = url if storage.is_remote(url) else storage.local_path(url)  # as the user named it
+    # bound to the URL as given (the arrow reader's form), before Petastorm's replaces it
     find_damaged = partial(damaged_group_said, url, rank, size, seed, fields)
     if not storage.is_remote(url):  # Petastorm takes a file: URL's "%20" literally
         url = f"file://{storage.local_path(url)}"

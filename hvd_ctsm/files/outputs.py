@@ -370,14 +370,15 @@ class FolderBusy(Exception):
 SAID_UNGUARDED = "HVD_CTSM_SAID_UNGUARDED"
 
 
-def said_unguarded(folder: Path) -> bool:
-    """Whether `folder`, or a folder holding it, was said unguarded already (and note it)."""
+def say_unguarded_once(folder: Path, why: str, unguarded: str) -> None:
+    """Warn that `folder` goes unguarded, unless it or a folder holding it was said so."""
     said = [Path(p) for p in os.environ.get(SAID_UNGUARDED, "").split(os.pathsep) if p]
-    folder = folder.resolve()
-    if any(s == folder or s in folder.parents for s in said):
-        return True
-    os.environ[SAID_UNGUARDED] = os.pathsep.join(map(str, [*said, folder]))
-    return False
+    where = folder.resolve()
+    if any(s == where or s in where.parents for s in said):
+        return
+    os.environ[SAID_UNGUARDED] = os.pathsep.join(map(str, [*said, where]))
+    print(f"warning: {folder} is on a file system that cannot lock folders ({why}): "
+          f"{unguarded}", file=sys.stderr)
 
 
 def lock_folder(folder: Path, unguarded: str = "") -> int:
@@ -394,7 +395,6 @@ def lock_folder(folder: Path, unguarded: str = "") -> int:
         os.close(fd)
         raise FolderBusy(str(folder)) from None
     except OSError as exc:
-        if unguarded and not said_unguarded(folder):
-            print(f"warning: {folder} is on a file system that cannot lock folders "
-                  f"({exc.strerror}): {unguarded}", file=sys.stderr)
+        if unguarded:
+            say_unguarded_once(folder, exc.strerror, unguarded)
     return fd
