@@ -204,18 +204,18 @@ def _backtest(data: Path, model: Path, report: Path, gate: str) -> bool:
 
 @contextmanager
 def work_held(work: Path):
-    """One pipeline at a time in `work`: an flock on the folder itself (made if need be; no file
-    added, and the kernel drops it when the process dies, kill -9 too). Before, a second run
-    (a schedule's next, started before the last ended) rebuilt WORK/features under the first's
-    training and backtest, and its deploy could publish a model backtested on other features.
-    A file system that cannot lock folders (NFS) goes unguarded, and the run says so once."""
-    from hvd_ctsm.files import outputs
+    """One pipeline at a time in `work` (made if need be): a hold (hvd_ctsm.files.holds), which
+    the kernel drops when the process dies, kill -9 too. Before, a second run (a schedule's
+    next, started before the last ended) rebuilt WORK/features under the first's training and
+    backtest, and its deploy could publish a model backtested on other features. A file system
+    that can lock nothing there goes unguarded, and the run says so once."""
+    from hvd_ctsm.files import holds
 
     work.mkdir(parents=True, exist_ok=True)
     try:
-        fd = outputs.lock_folder(work, "a second pipeline into it at the same moment would "
+        fd = holds.lock_folder(work, "a second pipeline into it at the same moment would "
                                  "not be refused; run one pipeline in this --work at a time")
-    except outputs.FolderBusy:
+    except holds.FolderBusy:
         raise WorkInUse(f"another pipeline is writing {work} now: wait for it to end, or "
                         "pick another --work") from None
     try:

@@ -151,21 +151,45 @@ def spark():
     session.stop()
 
 
-@pytest.fixture
-def folders_not_lockable(monkeypatch):
-    """flock answering as on an NFS mount, where no folder can be locked (its client takes an
-    exclusive flock only on a file open for writing: EBADF); a stand-in, as no NFS mount can
-    be made here. No folder has been said unguarded yet."""
-    import errno
+def _flock_as_on_a_mount(monkeypatch, refused) -> None:
+    """flock raising OSError(refused(fd)) where that is not None (no such mount can be made
+    here), with no folder said unguarded yet."""
+    import fcntl
     import os
 
-    from hvd_ctsm.files import outputs
+    from hvd_ctsm.files import holds
 
-    def flock_refused(fd, operation):
-        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+    real = fcntl.flock  # the module's own: holds.fcntl is fcntl, patched below
 
-    monkeypatch.setattr(outputs.fcntl, "flock", flock_refused)
-    monkeypatch.delenv(outputs.SAID_UNGUARDED, raising=False)
+    def flock(fd, operation):
+        error = refused(fd)
+        if error is not None:
+            raise OSError(error, os.strerror(error))
+        real(fd, operation)
+
+    monkeypatch.setattr(holds.fcntl, "flock", flock)
+    monkeypatch.delenv(holds.SAID_UNGUARDED, raising=False)
+
+
+@pytest.fixture
+def folders_not_lockable(monkeypatch):
+    """flock answering as on an NFS mount: its client takes an exclusive flock only on a file
+    open for writing (flock(2)), so a folder, open to read, gets EBADF; a stand-in."""
+    import errno
+    import os
+    import stat
+
+    _flock_as_on_a_mount(monkeypatch,
+                         lambda fd: errno.EBADF if stat.S_ISDIR(os.fstat(fd).st_mode) else None)
+
+
+@pytest.fixture
+def nothing_lockable(monkeypatch):
+    """flock answering as on an NFS mount without its lock manager: ENOLCK for every file and
+    folder; a stand-in."""
+    import errno
+
+    _flock_as_on_a_mount(monkeypatch, lambda fd: errno.ENOLCK)
 
 
 TINY_SOURCE = "synthetic:clients=160,items=60,events=6000,seed=11"

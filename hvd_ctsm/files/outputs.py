@@ -11,13 +11,11 @@ of one. Standard library only (the Spark job imports it without torch).
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import shutil
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -29,6 +27,9 @@ from hvd_ctsm.files import storage
 from hvd_ctsm.files.atomic import atomic_write_bytes
 
 MARKER = ".hvd_ctsm-output.json"
+# The file a run folder or --work is held by where the folder itself cannot be locked (NFS;
+# hvd_ctsm.files.holds): not content, so every check of what a folder holds passes over it.
+HOLD = ".hvd_ctsm-hold"
 KINDS = ("features", "run", "scores", "predictions", "registry", "pipeline")
 STALE_ELSEWHERE_S = 24 * 3600  # a temp folder of another host's job is stale after a day
 
@@ -179,9 +180,9 @@ def check_replaceable(out: str | Path, kind: str, inputs: Iterable[str | Path | 
 
 
 def is_empty(folder: Path) -> bool:
-    """Absent or without entries (another rank may be removing it right now)."""
+    """Absent or without entries but HOLD (another rank may be removing it right now)."""
     try:
-        return not any(Path(folder).iterdir())
+        return all(p.name == HOLD for p in Path(folder).iterdir())
     except FileNotFoundError:
         return True
 
@@ -201,9 +202,9 @@ def remove_empty_folders(folders: Iterable[Path]) -> None:
 def remove_ours(folder: Path, keep_folder: bool = False) -> None:
     """Remove a folder check_replaceable allowed, its marker last: other ranks checking it
     meanwhile still see it as ours until nothing else is left. `keep_folder`: empty it only
-    (a training run holds its lock on the folder itself)."""
+    (a training run holds its lock on the folder itself, or on its HOLD, which stays)."""
     for child in Path(folder).iterdir():
-        if child.name != MARKER:
+        if child.name not in (MARKER, HOLD):
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
     if keep_folder:
         (Path(folder) / MARKER).unlink(missing_ok=True)
@@ -359,42 +360,3 @@ def staged(out: str | Path, overwrite: bool, kind: str, inputs=()) -> Iterator[P
     except BaseException:
         discard(stage)  # gone already when published
         raise
-
-
-class FolderBusy(Exception):
-    """Another process holds the folder (lock_folder)."""
-
-
-# The folders lock_folder warned of, in this process and the one that started it: a pipeline's
-# training (horovodrun, torchrun) does not warn again of its run folder inside the pipeline's.
-SAID_UNGUARDED = "HVD_CTSM_SAID_UNGUARDED"
-
-
-def say_unguarded_once(folder: Path, why: str, unguarded: str) -> None:
-    """Warn that `folder` goes unguarded, unless it or a folder holding it was said so."""
-    said = [Path(p) for p in os.environ.get(SAID_UNGUARDED, "").split(os.pathsep) if p]
-    where = folder.resolve()
-    if any(s == where or s in where.parents for s in said):
-        return
-    os.environ[SAID_UNGUARDED] = os.pathsep.join(map(str, [*said, where]))
-    print(f"warning: {folder} is on a file system that cannot lock folders ({why}): "
-          f"{unguarded}", file=sys.stderr)
-
-
-def lock_folder(folder: Path, unguarded: str = "") -> int:
-    """An flock on `folder` itself, taken without waiting: no file is added, and the kernel
-    drops it when its holder dies (kill -9 too). Returns the descriptor that holds it until
-    closed; FolderBusy when another process holds it. On a file system that cannot lock a
-    folder (NFS: its client takes an exclusive flock only on a file open for writing, flock(2))
-    the folder goes unguarded, and `unguarded` (what that lets through, what to do) says so
-    once in a warning; before, without a word."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise FolderBusy(str(folder)) from None
-    except OSError as exc:
-        if unguarded:
-            say_unguarded_once(folder, exc.strerror, unguarded)
-    return fd

@@ -17,7 +17,7 @@ from hvd_ctsm.config.model_config import INIT_ONLY, LEGACY_ARCH, architecture
 from hvd_ctsm.config.types import parse_yaml
 from hvd_ctsm.data.dataset_meta import read_metadata, read_vocab
 from hvd_ctsm.distributed.base import launch_rank
-from hvd_ctsm.files import outputs, storage
+from hvd_ctsm.files import holds, outputs, storage
 from hvd_ctsm.model.checkpoint import load_state, model_file
 
 
@@ -54,18 +54,17 @@ HELD: dict[Path, tuple[int, Path | None]] = {}  # run folder -> (its lock, the t
 
 def hold_run_folder(out: Path, until_released: bool) -> None:
     """Refuse a run folder another `train` is writing now; `until_released`: hold it for this
-    run (flock on the folder itself, made if need be: no file is added, and the kernel drops the
-    lock when the process dies, kill -9 too), else only look. Before, a second `train` into it
-    ran beside the first (checkpoints, logs and MLflow link mixed, both exit 0), and --overwrite
-    emptied the folder under it. A file system that cannot lock folders (NFS) goes unguarded,
-    and the run says so."""
+    run (made if need be; hvd_ctsm.files.holds: the kernel drops the hold when the process
+    dies, kill -9 too), else only look. Before, a second `train` into it ran beside the first
+    (checkpoints, logs and MLflow link mixed, both exit 0), and --overwrite emptied the folder
+    under it. A file system that can lock nothing there goes unguarded, and the run says so."""
     missing = [folder for folder in (out, *out.parents) if not folder.exists()]
     if missing and not until_released:
         return  # nobody trains in a folder that is not there; a check makes nothing
     out.mkdir(parents=True, exist_ok=True)
     try:
-        fd = outputs.lock_folder(out, UNGUARDED if until_released else "")
-    except outputs.FolderBusy:
+        fd = holds.lock_folder(out, UNGUARDED if until_released else "")
+    except holds.FolderBusy:
         raise SystemExit(f"error: another `train` is writing {out} now: wait for it to end "
                          "(--resume then goes on from its checkpoints), or train into another "
                          "--out") from None
@@ -84,6 +83,8 @@ def release_run_folder(out: Path) -> None:
     if fd is None:
         return
     if made is not None:  # up to the highest folder the hold made; not empty: the run's files
+        if outputs.is_empty(out):  # the hold file (NFS) goes with the folder, still held
+            (out / outputs.HOLD).unlink(missing_ok=True)
         chain = (out, *out.parents)
         outputs.remove_empty_folders(chain[:chain.index(made) + 1] if made in chain else chain)
     os.close(fd)

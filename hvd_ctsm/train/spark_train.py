@@ -25,7 +25,7 @@ from pathlib import Path
 
 from hvd_ctsm.config import ConfigError, TrainConfig
 from hvd_ctsm.data.batches import read_metadata, shard_rows, split_url
-from hvd_ctsm.files import outputs
+from hvd_ctsm.files import holds
 from hvd_ctsm.train import faults
 from hvd_ctsm.train.launch import LaunchOptions, check_run_folder, parse_command
 
@@ -158,8 +158,8 @@ def rank_environment(threads: int) -> dict[str, str]:
     """What each rank's process sets before it trains: a Spark task does not inherit the
     driver's environment."""
     env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", faults.STARTED_BY: "spark"}
-    if outputs.SAID_UNGUARDED in os.environ:  # the pipeline warned of its folders already
-        env[outputs.SAID_UNGUARDED] = os.environ[outputs.SAID_UNGUARDED]
+    if holds.SAID_UNGUARDED in os.environ:  # the pipeline warned of its folders already
+        env[holds.SAID_UNGUARDED] = os.environ[holds.SAID_UNGUARDED]
     return env
 
 

@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 
-from spark_jobs.pipeline import PipelineConfig, check_work_free, main, run_pipeline, work_held
+from hvd_ctsm.files import holds, outputs
+from spark_jobs.pipeline import (PipelineConfig, check_work, check_work_free, main, run_pipeline,
+                                 work_held)
 from tests.conftest import REPO, TINY_SOURCE
 
 HOLDER = """
@@ -62,11 +64,29 @@ def test_the_command_refuses_a_work_folder_in_use_before_it_starts_spark(tmp_pat
         first.wait(timeout=60)
 
 
-def test_a_work_folder_that_cannot_be_locked_is_said_unguarded_once(tmp_path, capsys,
-                                                                    folders_not_lockable):
-    """On NFS a folder cannot be flocked (its client locks only files open for writing): the
-    pipeline went on unguarded without a word. A stand-in for that mount: flock refusing as it
-    does there. The command's check and the run's hold say it once between them."""
+def test_on_nfs_a_second_pipeline_is_refused_by_the_file_its_work_is_held_by(
+        tmp_path, capsys, folders_not_lockable):
+    """On NFS a folder cannot be flocked (its client locks only files open for writing): a
+    second pipeline into one --work ran beside the first (later, with a warning). A stand-in
+    for that mount: flock refusing folders as it does there. Another open of the hold file
+    stands for another process."""
+    work, registry = tmp_path / "work", tmp_path / "registry"
+    with work_held(work):
+        cfg = PipelineConfig(source=TINY_SOURCE, work=str(work), registry=str(registry))
+        assert run_pipeline(None, cfg) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"hvd-ctsm pipeline: error: another pipeline is writing {work} now: wait for it to "
+        "end, or pick another --work"]
+    assert [p.name for p in work.iterdir()] == [outputs.HOLD]
+    check_work(work)  # a work folder holding only its hold file is an empty one
+    check_work_free(work)
+
+
+def test_a_work_folder_where_nothing_can_be_locked_is_said_unguarded_once(tmp_path, capsys,
+                                                                          nothing_lockable):
+    """A mount without a lock manager (ENOLCK) locks neither the folder nor a file in it: the
+    pipeline goes on unguarded and says so. The command's check and the run's hold say it once
+    between them."""
     from hvd_ctsm.train.run_folder import hold_run_folder, release_run_folder
 
     work = tmp_path / "work"
@@ -77,19 +97,18 @@ def test_a_work_folder_that_cannot_be_locked_is_said_unguarded_once(tmp_path, ca
         hold_run_folder(work / "pipeline" / "model", until_released=True)
         release_run_folder(work / "pipeline" / "model")
     assert capsys.readouterr().err.splitlines() == [
-        f"warning: {work} is on a file system that cannot lock folders (Bad file descriptor): a "
-        "second pipeline into it at the same moment would not be refused; run one pipeline in "
-        "this --work at a time"]
+        f"warning: {work} is on a file system that cannot lock its folders or files (No locks "
+        "available): a second pipeline into it at the same moment would not be refused; run "
+        "one pipeline in this --work at a time"]
 
 
 def test_the_ranks_on_spark_are_told_what_the_pipeline_said_unguarded(monkeypatch):
     """A Spark task's rank does not inherit the driver's environment: the pipeline's training
     warned again of its run folder inside the unguarded --work (seen by hand on NFS's stand-in)."""
-    from hvd_ctsm.files import outputs
     from hvd_ctsm.train.spark_train import rank_environment
 
-    monkeypatch.delenv(outputs.SAID_UNGUARDED, raising=False)
-    assert outputs.SAID_UNGUARDED not in rank_environment(1)
-    monkeypatch.setenv(outputs.SAID_UNGUARDED, "/nfs/work/pipeline")
-    assert rank_environment(1)[outputs.SAID_UNGUARDED] == "/nfs/work/pipeline"
+    monkeypatch.delenv(holds.SAID_UNGUARDED, raising=False)
+    assert holds.SAID_UNGUARDED not in rank_environment(1)
+    monkeypatch.setenv(holds.SAID_UNGUARDED, "/nfs/work/pipeline")
+    assert rank_environment(1)[holds.SAID_UNGUARDED] == "/nfs/work/pipeline"
 
