@@ -190,7 +190,7 @@ install_horovod() {
         done_step "(installed)"; return
     fi
     if ! ls "$dir"/horovod-*.whl >/dev/null 2>&1; then
-        printf '\n[setup]   building from source once (about 7 minutes on 2 cores)... '
+        printf '\n[setup]   building from source once (2-3 minutes on 2 cores)... '
         build_horovod_wheel "$dir"
         note="(built, cached in $dir)"
     fi
