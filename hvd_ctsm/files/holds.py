@@ -7,7 +7,8 @@ file outputs.HOLD inside the folder. That file is made only in a folder that is 
 (never in a user's folder, which the command then refuses), and stays: removing it would let
 a process that opened it before the removal lock a file nobody else can find. Every check of
 what a folder holds passes over it (outputs.is_empty). Where no file can be locked either (a
-mount without a lock manager), the folder goes unguarded, and a warning says so once.
+mount without a lock manager), or where the hold file is another user's that this one may not
+open for writing, the folder goes unguarded, and a warning says so once.
 """
 
 from __future__ import annotations
@@ -30,14 +31,18 @@ SAID_UNGUARDED = "HVD_CTSM_SAID_UNGUARDED"
 
 
 def say_unguarded_once(folder: Path, why: str, unguarded: str) -> None:
-    """Warn that `folder` goes unguarded, unless it or a folder holding it was said so."""
+    """Warn that `folder` goes unguarded (`why`: what follows its name), unless it or a folder
+    holding it was said so."""
     said = [Path(p) for p in os.environ.get(SAID_UNGUARDED, "").split(os.pathsep) if p]
     where = folder.resolve()
     if any(s == where or s in where.parents for s in said):
         return
     os.environ[SAID_UNGUARDED] = os.pathsep.join(map(str, [*said, where]))
-    print(f"warning: {folder} is on a file system that cannot lock its folders or files "
-          f"({why}): {unguarded}", file=sys.stderr)
+    print(f"warning: {folder} {why}: {unguarded}", file=sys.stderr)
+
+
+def _cannot_lock(strerror: str) -> str:
+    return f"is on a file system that cannot lock its folders or files ({strerror})"
 
 
 def lock_folder(folder: Path, unguarded: str = "") -> int:
@@ -49,22 +54,26 @@ def lock_folder(folder: Path, unguarded: str = "") -> int:
     try:
         _lock(fd, folder)
         return fd
-    except OSError as exc:  # a folder this file system cannot lock: its hold file, then
+    except OSError:  # a folder this file system cannot lock: its hold file, then
         os.close(fd)
-        why = exc.strerror
     making = bool(unguarded) and _may_make(folder)
+    hold_file = folder / outputs.HOLD
     try:
-        hold = os.open(folder / outputs.HOLD, os.O_RDWR | (os.O_CREAT if making else 0), 0o666)
+        hold = os.open(hold_file, os.O_RDWR | (os.O_CREAT if making else 0), 0o666)
     except OSError as exc:
         if not making:  # none there (a check makes none; a folder not ours is then refused)
             return os.open(folder, os.O_RDONLY)  # holds nothing: for the caller to close
-        hold, why = os.open(folder, os.O_RDONLY), exc.strerror
+        hold, why = os.open(folder, os.O_RDONLY), _cannot_lock(exc.strerror)
+        if isinstance(exc, PermissionError) and hold_file.exists():  # another user's, umask's
+            why = (f"cannot be held: its file system locks only files open for writing, and "
+                   f"{hold_file} is not this user's to write (make it writable for everyone "
+                   f"who writes here)")
     else:
         try:
             _lock(hold, folder)
             return hold
         except OSError as exc:  # a mount without a lock manager (ENOLCK)
-            why = exc.strerror
+            why = _cannot_lock(exc.strerror)
     if unguarded:
         say_unguarded_once(folder, why, unguarded)
     return hold

@@ -5,12 +5,14 @@ process as between two)."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+from pathlib import Path
 
 import pytest
 
-from hvd_ctsm.files import outputs
+from hvd_ctsm.files import holds, outputs
 from hvd_ctsm.train.run_folder import (HELD, check_out_folder, check_run_to_resume, hold_run_folder,
                                        release_run_folder)
 
@@ -104,6 +106,36 @@ def test_on_nfs_no_hold_file_is_made_where_a_run_would_not_write(tmp_path, capsy
     release_run_folder(typo)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checked", "mine"]
     assert capsys.readouterr().err == ""
+
+
+def test_on_nfs_another_users_hold_file_is_named_with_its_fix(tmp_path, capsys, monkeypatch,
+                                                              folders_not_lockable):
+    """A run folder on NFS that another user's `train` held first: its hold file, made in that
+    user's umask, is not this user's to open for writing, which NFS's exclusive flock needs.
+    The run goes on unguarded and names the file to make writable (before: "cannot lock its
+    folders or files (Permission denied)", as if the mount kept no locks). A stand-in besides
+    the mount's: os.open refusing that file for writing, as the kernel refuses a user who does
+    not own it (the tests run as root, whom it never refuses)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    outputs.mark(out, "run")
+    (out / outputs.HOLD).touch()
+    real_open = os.open
+
+    def open_as_another_user(path, flags, *args, **kwargs):
+        if Path(path).name == outputs.HOLD and flags & os.O_RDWR:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(holds.os, "open", open_as_another_user)
+    hold_run_folder(out, until_released=True)
+    release_run_folder(out)
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: {out} cannot be held: its file system locks only files open for writing, and "
+        f"{out / outputs.HOLD} is not this user's to write (make it writable for everyone who "
+        "writes here): a second `train` into it at the same moment would not be refused; train "
+        "into one --out at a time"]
+    assert (out / outputs.HOLD).is_file()  # the other user's, as it was
 
 
 def test_a_run_folder_where_nothing_can_be_locked_is_said_unguarded_once(tmp_path, capsys,
