@@ -209,9 +209,13 @@ def work_held(work: Path):
     next, started before the last ended) rebuilt WORK/features under the first's training and
     backtest, and its deploy could publish a model backtested on other features. A file system
     that can lock nothing there goes unguarded, and the run says so once."""
-    from hvd_ctsm.files import holds
+    from hvd_ctsm.files import holds, outputs
 
     work.mkdir(parents=True, exist_ok=True)
+    if outputs.marker(work) is None and not outputs.is_empty(work):
+        # check_work took it as an earlier run's, from before work folders were marked: marked
+        # now, so that on NFS its hold file is made (holds makes none in a folder not ours)
+        outputs.claim(work, "pipeline")
     try:
         fd = holds.lock_folder(work, "a second pipeline into it at the same moment would "
                                  "not be refused; run one pipeline in this --work at a time")

@@ -82,6 +82,27 @@ def test_on_nfs_a_second_pipeline_is_refused_by_the_file_its_work_is_held_by(
     check_work_free(work)
 
 
+def test_on_nfs_an_earlier_unmarked_work_folder_is_held_on_its_first_run(tmp_path, capsys,
+                                                                        folders_not_lockable):
+    """A work folder from before work folders were marked (pipeline.json and what a run writes)
+    is taken (check_work); on NFS its first run held nothing and said nothing, since no hold
+    file is made in a folder not ours. Now it is marked before the hold. The NFS stand-in."""
+    work, registry = tmp_path / "work", tmp_path / "registry"
+    work.mkdir()
+    (work / "pipeline.json").write_text("{}")
+    (work / "features").mkdir()
+    check_work(work, registry)
+    with work_held(work):
+        cfg = PipelineConfig(source=TINY_SOURCE, work=str(work), registry=str(registry))
+        assert run_pipeline(None, cfg) == 2  # refused by the hold file
+    assert capsys.readouterr().err.splitlines() == [
+        f"hvd-ctsm pipeline: error: another pipeline is writing {work} now: wait for it to "
+        "end, or pick another --work"]
+    assert outputs.marker(work)["kind"] == "pipeline"
+    assert sorted(p.name for p in work.iterdir()) == sorted(
+        [outputs.HOLD, outputs.MARKER, "features", "pipeline.json"])
+
+
 def test_a_work_folder_where_nothing_can_be_locked_is_said_unguarded_once(tmp_path, capsys,
                                                                           nothing_lockable):
     """A mount without a lock manager (ENOLCK) locks neither the folder nor a file in it: the
