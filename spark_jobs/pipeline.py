@@ -212,9 +212,10 @@ def work_held(work: Path):
     from hvd_ctsm.files import holds, outputs
 
     work.mkdir(parents=True, exist_ok=True)
-    if outputs.marker(work) is None and not outputs.is_empty(work):
-        # check_work took it as an earlier run's, from before work folders were marked: marked
-        # now, so that on NFS its hold file is made (holds makes none in a folder not ours)
+    # Unmarked and not empty, check_work took it as an earlier run's: marked before the hold,
+    # so that on NFS its hold file is made (none is in a folder not ours). claim marks only an
+    # unmarked folder; an empty one is marked by the run itself (_run_steps).
+    if not outputs.is_empty(work):
         outputs.claim(work, "pipeline")
     try:
         fd = holds.lock_folder(work, "a second pipeline into it at the same moment would "

@@ -63,11 +63,11 @@ def lock_folder(folder: Path, unguarded: str = "") -> int:
     except OSError as exc:
         if not making:  # none there (a check makes none; a folder not ours is then refused)
             return os.open(folder, os.O_RDONLY)  # holds nothing: for the caller to close
-        hold, why = os.open(folder, os.O_RDONLY), _cannot_lock(exc.strerror)
-        if isinstance(exc, PermissionError) and hold_file.exists():  # another user's, umask's
-            why = (f"cannot be held: its file system locks only files open for writing, and "
-                   f"{hold_file} is not this user's to write (make it writable for everyone "
-                   f"who writes here)")
+        hold = os.open(folder, os.O_RDONLY)
+        another_users = isinstance(exc, PermissionError) and hold_file.exists()  # their umask's
+        why = (f"cannot be held: its file system locks only files open for writing, and "
+               f"{hold_file} is not this user's to write (make it writable for everyone who "
+               f"writes here)") if another_users else _cannot_lock(exc.strerror)
     else:
         try:
             _lock(hold, folder)
