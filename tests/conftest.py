@@ -142,11 +142,16 @@ def ml100k() -> Path:
 
 
 @pytest.fixture(scope="session")
-def spark():
-    """One real local Spark session (local[2]) shared by every test that needs it."""
+def spark(tmp_path_factory):
+    """One real local Spark session (local[2]) shared by every test that needs it. Its
+    catalog's warehouse is a temporary folder: Spark makes the default database's folder
+    there the first time a test uses the catalog, by default in the working directory (the
+    checkout)."""
     from hvd_ctsm.spark_session import get_spark
 
-    session = get_spark(master="local[2]", app_name="hvd_ctsm-tests")
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    session = get_spark(master="local[2]", app_name="hvd_ctsm-tests",
+                        spark_sql_warehouse_dir=warehouse.as_uri())
     yield session
     session.stop()
 
