@@ -45,6 +45,13 @@ def _cannot_lock(strerror: str) -> str:
     return f"is on a file system that cannot lock its folders or files ({strerror})"
 
 
+def not_this_users_to_lock(lock_file: Path) -> str:
+    """Why `lock_file`, another user's (made in that user's umask), holds nothing here: an NFS
+    client takes an exclusive flock only on a file open for writing (flock(2)). Said by a run
+    folder's hold and the registry's deploy lock alike."""
+    return f"locks only files open for writing, and {lock_file} is not this user's to write"
+
+
 def lock_folder(folder: Path, unguarded: str = "") -> int:
     """Hold `folder` (see the module doc) without waiting; returns the descriptor that holds it
     until closed. FolderBusy when another process holds it. `unguarded` says what goes
@@ -64,10 +71,11 @@ def lock_folder(folder: Path, unguarded: str = "") -> int:
         if not making:  # none there (a check makes none; a folder not ours is then refused)
             return os.open(folder, os.O_RDONLY)  # holds nothing: for the caller to close
         hold = os.open(folder, os.O_RDONLY)
-        another_users = isinstance(exc, PermissionError) and hold_file.exists()  # their umask's
-        why = (f"cannot be held: its file system locks only files open for writing, and "
-               f"{hold_file} is not this user's to write (make it writable for everyone who "
-               f"writes here)") if another_users else _cannot_lock(exc.strerror)
+        if isinstance(exc, PermissionError) and hold_file.exists():  # in another user's umask
+            why = (f"cannot be held: its file system {not_this_users_to_lock(hold_file)} "
+                   "(make it writable for everyone who writes here)")
+        else:
+            why = _cannot_lock(exc.strerror)
     else:
         try:
             _lock(hold, folder)

@@ -39,6 +39,7 @@ from hvd_ctsm.errors import DISK_FULL, arg_parser
 from hvd_ctsm.evaluation.gate import read_report
 from hvd_ctsm.files import outputs
 from hvd_ctsm.files.atomic import FOLDER_MODE, TEMPORARY, atomic_write_bytes, is_temporary, set_mode
+from hvd_ctsm.files.holds import not_this_users_to_lock
 from hvd_ctsm.files.storage import check_local, location
 from hvd_ctsm.model.checkpoint import CheckpointError, model_file, model_sha256, verify_checksum
 
@@ -200,8 +201,7 @@ def registry_lock(registry: Path):
             fcntl.flock(lock, fcntl.LOCK_EX)
         except OSError as exc:
             if exc.errno == errno.EBADF and not writable:  # flock(2): NFS's exclusive locks
-                why = (f"this file system locks only files open for writing, and {registry / LOCK}"
-                       " is not this user's to write")
+                why = f"this file system {not_this_users_to_lock(registry / LOCK)}"
                 then = "make that file writable for every deployer"
             elif exc.errno in NO_LOCKS:
                 why = f"{registry} is on a file system without locks ({exc.strerror})"
