@@ -163,15 +163,19 @@ jvm = subprocess.Popen([sys.executable, "-c", "import sys\\nfor line in sys.stdi
 held.restore()
 held.release()
 held.lock.acquire()  # the copying thread is kept from the pipe ...
+exiting = threading.Event()
 
 
 def let_go():
+    exiting.wait()
     time.sleep(0.5)
     held.lock.release()
 
 
-# ... until half a second into this process's exit
-atexit.register(lambda: threading.Thread(target=let_go, daemon=True).start())
+# ... until half a second into this process's exit. The thread starts now: Python 3.12 and
+# later start no thread at exit. Registered after JvmStderr's own, so this one runs first.
+threading.Thread(target=let_go, daemon=True).start()
+atexit.register(exiting.set)
 jvm.stdin.write("the last line\\n")
 jvm.stdin.flush()
 jvm.stdout.readline()  # it has written it
