@@ -1,6 +1,7 @@
 """A worker for the Spark Ctrl-C test: a session started as the feature job starts one, then a
 Spark job of about 40 s (one task at a time, each sleeping), through errors.run_cli as every
-command runs. It prints "job started" just before the job, "job running" once Spark runs it."""
+command runs. It prints "job started" just before the job, "job running" once its first task
+is done."""
 
 import sys
 import threading
@@ -11,8 +12,14 @@ from hvd_ctsm.spark_session import get_spark
 
 
 def say_when_running(sc) -> None:
-    """Prints "job running" once Spark runs the job (the test's Ctrl-C must find it running)."""
-    while not sc.statusTracker().getActiveJobsIds():
+    """Prints "job running" once the job's first task is done (the test's Ctrl-C must find it
+    running). Not as soon as the job is active: a SIGTERM to the group while pyspark.daemon
+    starts, slow on a busy machine, ends the daemon before it tells the executor its port, and
+    the executor logs that (seen once on Python 3.13 in a full test run): a start's race, not
+    the stop of a running job this test is about."""
+    tracker = sc.statusTracker()
+    while not any(stage and stage.numCompletedTasks
+                  for stage in map(tracker.getStageInfo, tracker.getActiveStageIds())):
         time.sleep(0.1)
     print("job running", flush=True)
 
