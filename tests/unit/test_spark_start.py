@@ -173,7 +173,7 @@ def let_go():
 
 
 # ... until half a second into this process's exit. The thread starts now: Python 3.12 refuses
-# to start one in an exit handler (atexit's documentation; 3.12.1 did, 3.11 and 3.13.0 did not).
+# to start one in an exit handler (atexit's documentation; here 3.12.1 refused, 3.13.0 did not).
 # Registered after JvmStderr's own, so this one runs first.
 threading.Thread(target=let_go, daemon=True).start()
 atexit.register(exiting.set)
