@@ -26,7 +26,8 @@ from hvd_ctsm.files.storage import location
 # keywords, so its errors name those instead (replaced in this order).
 API_WORDS = ((" (--warm-start)", ""), ("--overwrite", "overwrite=True"),
              ("--resume", "resume=True"), ("--init-from", "init_from"),
-             ("--previous-vocab ", "previous_vocab="), ("--previous-vocab", "previous_vocab"))
+             ("--previous-vocab ", "previous_vocab="), ("--previous-vocab", "previous_vocab"),
+             ("--event-type ", "event_type="), ("--event-type", "event_type"))
 ARGUMENT = re.compile(r"--(out|data|model|k|split|gate|report|config|epochs|tracking-uri)\b")
 
 

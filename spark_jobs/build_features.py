@@ -26,13 +26,14 @@ from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
 import hvd_ctsm
-from hvd_ctsm.data.schema import OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT
+from hvd_ctsm.data.schema import EVENT_TYPES, OUTPUT_SPLITS, SCHEMA_VERSION, SERVING_SPLIT
 from hvd_ctsm.errors import (BAD_INPUT_ERRORS, EXIT_BAD_INPUT, EXIT_CRASH, arg_parser, one_line,
                              run_cli)
 from hvd_ctsm.files import outputs, storage
 from hvd_ctsm.files.storage import location
 from spark_jobs import attributes, sequences, split, validate, vocab, write
-from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP, FeatureConfig, parse_time, spark_setting
+from spark_jobs.config import (CUTOFFS_HELP, EVENT_TYPE_HELP, SPLIT_HELP, FeatureConfig, parse_time,
+                               spark_setting)
 from spark_jobs.sources import load_source
 from spark_jobs.summary import dataset_warnings, summary_table
 
@@ -193,6 +194,7 @@ def _metadata(config, counts, vocabulary, splits, without_history, tied, seconds
         "label_min_rating": config.label_min_rating,
         "max_timestamp": config.max_timestamp,
         "rating_range": list(config.rating_range),
+        "event_type": config.event_type,  # every row's type, where the source had no column
         "previous_vocab": config.previous_vocab,
         "extra": config.extra,
         "seconds": round(seconds, 2),
@@ -318,6 +320,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="a rating at least this is a positive label for the p(sale) head, as a "
                         "purchase is (default 4)")
     p.add_argument("--rating-range", default="0,5", help="valid ratings LOW,HIGH (default 0,5)")
+    p.add_argument("--event-type", choices=EVENT_TYPES, help=EVENT_TYPE_HELP)
     p.add_argument("--max-timestamp", help="latest valid timestamp (default: now + 1 day)")
     p.add_argument("--client-attrs", help="client attributes table (events: sources)")
     p.add_argument("--item-attrs", help="item attributes table (events: sources)")
@@ -345,6 +348,7 @@ def config_from_args(args) -> FeatureConfig:
         row_groups=args.row_groups,
         label_min_rating=args.label_min_rating,
         rating_range=(low, high),
+        event_type=args.event_type,
         max_timestamp=parse_time(args.max_timestamp) if args.max_timestamp else None,
         client_attrs=args.client_attrs,
         item_attrs=args.item_attrs,

@@ -8,6 +8,8 @@ import datetime as dt
 import time
 from dataclasses import dataclass, field
 
+from hvd_ctsm.data.schema import EVENT_TYPES
+
 SPLIT_KINDS = ("time", "leave-last-out")
 TIE_RULES = ("strict", "input-order")
 TABLE_KINDS = ("events", "table", "delta")  # sources of raw event rows (the canonical columns)
@@ -17,6 +19,9 @@ SPLIT_HELP = ("leave-last-out (default): a client's last event is its test targe
 CUTOFFS_HELP = ("T1,T2 (unix seconds or ISO dates) for --split time: training targets before "
                 "T1, a client's first event in [T1, T2) its validation target, its first at or "
                 "after T2 its test target")
+EVENT_TYPE_HELP = ("for a source without an event_type column (a purchase log: client_id, "
+                   "item_id, timestamp): every row's type; its value column may then be "
+                   "absent (a rating needs one)")
 
 
 def parse_time(text: str | int | float) -> int:
@@ -69,6 +74,11 @@ class FeatureConfig:
     """Least number of Parquet row groups per split (Petastorm shards by row group)."""
     label_min_rating: float = 4.0
     """A rating event is a positive label when its value is at least this."""
+    event_type: str | None = None
+    """For an events:, table: or delta: source without an `event_type` column (a purchase log
+    of `client_id, item_id, timestamp`): the type of every row, e.g. `purchase`. A `value`
+    column is then optional (empty when absent; a `rating` needs one). None: the source has
+    the column; a source with it and this given is refused (which would win is unclear)."""
     rating_range: tuple[float, float] = (0.0, 5.0)
     """Valid rating values (inclusive); other ratings are rejected as out_of_range_value."""
     max_timestamp: int | None = None
@@ -127,6 +137,13 @@ class FeatureConfig:
             raise ValueError(f"rating_range must be (low, high), got {self.rating_range}")
         if self.max_timestamp is None:
             self.max_timestamp = int(time.time()) + 86_400
+        if self.event_type is not None:
+            if kind not in TABLE_KINDS:
+                raise ValueError("event_type only applies to events:, table: and delta: sources "
+                                 f"(a {kind}: source has its own types)")
+            if self.event_type not in EVENT_TYPES:
+                raise ValueError(f"event_type must be one of {', '.join(EVENT_TYPES)}, got "
+                                 f"{self.event_type!r}")
         if kind not in TABLE_KINDS and (self.client_attrs or self.item_attrs):
             raise ValueError("client_attrs/item_attrs only apply to events:, table: and delta: "
                              "sources")

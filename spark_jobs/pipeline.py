@@ -24,10 +24,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hvd_ctsm.data.schema import EVENT_TYPES
 from hvd_ctsm.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, arg_parser, ctrl_c_stop,
                              disk_full, exit_code_for, run_cli, stop_said)
 from hvd_ctsm.files.storage import check_local, location
-from spark_jobs.config import CUTOFFS_HELP, SPLIT_HELP
+from spark_jobs.config import CUTOFFS_HELP, EVENT_TYPE_HELP, SPLIT_HELP
 
 PROG = "hvd-ctsm pipeline"  # the name its one-line errors start with
 
@@ -62,6 +63,8 @@ class PipelineConfig:
     """Feature job history length."""
     row_groups: int = 64
     """Feature job row groups per split (at least num_proc)."""
+    event_type: str | None = None
+    """Every event's type, for a source without an event_type column (FeatureConfig's)."""
 
     def __post_init__(self):
         check_local(self.work, "--work")  # the steps' own local-only outputs, checked first
@@ -94,7 +97,8 @@ class PipelineConfig:
 
         return FeatureConfig(
             source=self.source, out=str(out), split=self.split, cutoffs=self.cutoffs,
-            max_len=self.max_len, row_groups=self.row_groups, overwrite=True,
+            max_len=self.max_len, row_groups=self.row_groups, event_type=self.event_type,
+            overwrite=True,
             previous_vocab=str(previous_vocab) if previous_vocab else None)
 
 
@@ -308,6 +312,7 @@ def parse_args(argv=None):
     p.add_argument("--max-len", type=int, default=200, help="longest history (default 200)")
     p.add_argument("--row-groups", type=int, default=64,
                    help="least row groups per split (default 64; at least --num-proc)")
+    p.add_argument("--event-type", choices=EVENT_TYPES, help=EVENT_TYPE_HELP)
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[NUM_PROC])")
     p.add_argument("train_args", nargs="*", help="trainer overrides, e.g. epochs=3 model.dim=32")
     return p.parse_intermixed_args(argv)
@@ -320,7 +325,7 @@ def main(argv=None) -> int:
                              gate=args.gate, num_proc=args.num_proc, config=args.config,
                              train_args=args.train_args, warm_start=args.warm_start,
                              split=args.split, max_len=args.max_len, row_groups=args.row_groups,
-                             cutoffs=args.cutoffs)
+                             cutoffs=args.cutoffs, event_type=args.event_type)
     except ValueError as exc:
         print(f"{PROG}: bad arguments: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

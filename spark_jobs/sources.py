@@ -286,6 +286,25 @@ def event_rows(spark, kind: str, spec: str) -> DataFrame:
     return read_table(spark, spec)
 
 
+def one_event_type(events: DataFrame, event_type: str | None) -> DataFrame:
+    """The events with `event_type` (FeatureConfig.event_type) as every row's type, and an empty
+    value where the source has no value column; unchanged when it is None."""
+    has = sorted(events.columns)
+    if event_type is None:
+        if "event_type" not in events.columns:
+            raise SchemaError(f"events: missing column 'event_type' (has: {has}): add it, or give "
+                              "every row one type: --event-type purchase for a purchase log")
+        return events
+    if "event_type" in events.columns:
+        raise SchemaError(f"events: --event-type {event_type} was given, but the source has its "
+                          "own event_type column, whose types are used without --event-type")
+    if "value" not in events.columns:
+        if event_type == "rating":
+            raise SchemaError(f"events: --event-type rating needs a value column (has: {has})")
+        events = events.withColumn("value", F.lit(None).cast("string"))
+    return events.withColumn("event_type", F.lit(event_type))
+
+
 def client_attrs_table(spark, path: str) -> DataFrame:
     """client_id, timestamp and one column per attribute (null = unchanged) -> long form."""
     df = read_table(spark, path)
@@ -353,7 +372,7 @@ def load_source(spark, config) -> Source:
     if kind == "synthetic":
         events, client_attrs, item_attrs = synthetic_source(spark, SyntheticParams.parse(spec))
         return Source(events, client_attrs, item_attrs)
-    events = event_rows(spark, kind, spec)
+    events = one_event_type(event_rows(spark, kind, spec), config.event_type)
     check_columns(events)
     return Source(
         events,

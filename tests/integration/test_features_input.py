@@ -95,6 +95,53 @@ def test_mixed_parquet_types_stop_in_one_line_naming_column_and_files(spark, tmp
     assert {f.name: f.read_bytes() for f in events.iterdir()} == before  # nothing lost
 
 
+def purchase_log(path: Path, columns: str) -> None:
+    """3 clients x 4 purchases, one row without a client; `columns` ends with ',event_type,value'
+    or not."""
+    five = columns.endswith(",value")
+    lines = [columns] + [f"c{c},i{(c + day) % 5},2020-01-0{day}" + (",purchase," if five else "")
+                         for c in range(3) for day in range(1, 5)]
+    lines.append(",i1,2020-01-01" + (",purchase," if five else ""))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_purchase_log_without_type_or_value_columns_reads_with_event_type(spark, tmp_path,
+                                                                           capsys):
+    """A shop's log is often client_id, item_id, timestamp only: it was refused for its missing
+    event_type column, with no way to say what its rows are."""
+    from spark_jobs.build_features import main
+
+    log, full = tmp_path / "log.csv", tmp_path / "full.csv"
+    purchase_log(log, "client_id,item_id,timestamp")
+    purchase_log(full, "client_id,item_id,timestamp,event_type,value")
+    args = ["--source", f"events:{log}", "--row-groups", "1", "--max-timestamp", "2030-01-01"]
+    assert main([*args, "--out", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing column 'event_type'" in err, err
+    assert "--event-type purchase" in err  # the fix, in the same line
+    assert main([*args, "--out", str(tmp_path / "typed"), "--event-type", "purchase"]) == 0
+    assert main(["--source", f"events:{full}", "--row-groups", "1", "--max-timestamp",
+                 "2030-01-01", "--out", str(tmp_path / "columns")]) == 0
+    capsys.readouterr()
+    typed, columns = (json.loads((tmp_path / name / "metadata.json").read_text())
+                      for name in ("typed", "columns"))
+    assert typed["event_type"] == "purchase" and columns["event_type"] is None
+    assert typed["counts"] == columns["counts"]  # every row used or rejected alike
+    assert typed["counts"]["rejected"]["null_client_id"] == 1 and typed["counts"]["used"] == 12
+    for split in ("train", "validation", "test", "serving"):  # the same dataset, byte for byte
+        assert typed["splits"][split]["files"] == columns["splits"][split]["files"]
+        for file in typed["splits"][split]["files"]:
+            assert ((tmp_path / "typed" / split / file["name"]).read_bytes()
+                    == (tmp_path / "columns" / split / file["name"]).read_bytes())
+    for extra, says in ((["--event-type", "rating"], "--event-type rating needs a value column"),
+                        (["--event-type", "view", "--source", f"events:{full}"],
+                         "the source has its own event_type column")):
+        assert main([*args, "--out", str(tmp_path / "no"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
+    assert not (tmp_path / "no").exists()
+
+
 def test_types_spark_reads_as_one_are_not_refused(tmp_path):
     from spark_jobs.parquet_types import check_same_types
 

@@ -134,6 +134,10 @@ def test_the_spark_pipeline_takes_a_time_split_and_refuses_one_without_cutoffs(t
     cfg = pipeline.PipelineConfig(source=parsed.source, work=parsed.work, registry=parsed.registry,
                                   split=parsed.split, cutoffs=parsed.cutoffs)
     assert cfg.features(tmp_path / "f").cutoffs == (1625097600, 1633046400)
+    parsed = pipeline.parse_args([*args[:-2], "--event-type", "purchase"])
+    cfg = pipeline.PipelineConfig(source="events:log.csv", work=parsed.work,
+                                  registry=parsed.registry, event_type=parsed.event_type)
+    assert cfg.features(tmp_path / "f").event_type == "purchase"  # a purchase log's type
 
 
 def test_the_spark_pipeline_refuses_a_registry_or_work_folder_it_may_not_write_first(tmp_path):

@@ -198,6 +198,8 @@ def test_config_validation_and_time_parsing():
         dict(source="kafka:x"),
         dict(source="synthetic:items=abc"),  # said before Spark starts
         dict(cutoffs=(1, 2)),
+        dict(source="events:x", event_type="buy"),
+        dict(source="synthetic:clients=10", event_type="purchase"),  # it says its own types
     ):
         with pytest.raises(ValueError):
             FeatureConfig(**{"source": "movielens:x", "out": "o", **bad})
