@@ -24,7 +24,7 @@ from hvd_ctsm.files import storage
 from spark_jobs import csv_files
 from spark_jobs.attributes import wide_to_long
 from spark_jobs.pandas_frames import object_strings
-from spark_jobs.parquet_types import check_same_types
+from spark_jobs.parquet_types import check_same_types, data_files
 from spark_jobs.synthetic import SyntheticParams, synthetic_source
 from spark_jobs.validate import SchemaError, check_columns
 
@@ -163,6 +163,8 @@ def read_table(spark, path: str) -> DataFrame:
         if csv_inside:
             csv_files.check_same_headers(p)
         files = csv_files.csv_files(p) if p.is_dir() else [p]
+        if p.is_dir() and not csv_inside and not data_files(p):  # Spark: "unable to infer"
+            raise SourceError(f"no CSV (*.csv) or Parquet files in {path}; check the path")
     if suffix in (".csv", ".tsv") or csv_inside:
         only_csv = {"pathGlobFilter": csv_files.PATTERN} if csv_inside else {}
         return spark.read.csv(
@@ -288,8 +290,14 @@ def event_rows(spark, kind: str, spec: str) -> DataFrame:
 
 def one_event_type(events: DataFrame, event_type: str | None) -> DataFrame:
     """The events with `event_type` (FeatureConfig.event_type) as every row's type, and an empty
-    value where the source has no value column; unchanged when it is None."""
-    has = sorted(events.columns)
+    value where the source has no value column; unchanged when it is None. A missing column is
+    named with the source's own columns (not the ones added here) and the fix."""
+    has = sorted(events.columns) or "none: an empty file, or one without a header"
+    for column in ("client_id", "item_id", "timestamp"):
+        if column not in events.columns:
+            raise SchemaError(f"events: missing column {column!r} (has: {has}): name the "
+                              "source's columns client_id, item_id, timestamp (in a CSV's header, "
+                              "or in a view read as table:NAME)")
     if event_type is None:
         if "event_type" not in events.columns:
             raise SchemaError(f"events: missing column 'event_type' (has: {has}): add it, or give "

@@ -85,8 +85,10 @@ def test_a_catalog_table_gives_the_features_its_rows_give_as_csv(spark, tmp_path
     ("events:s3a://bucket/events.csv", "no filesystem for s3a://"),
     ("events:nosuch://bucket/events.csv", "no filesystem for nosuch://"),
     ("events:file://{tmp}/missing.csv", "no such file or folder"),
+    ("events:{tmp}/empty", "no CSV (*.csv) or Parquet files in"),  # was Spark's crash, exit 3
 ])
 def test_a_source_spark_cannot_read_is_one_line_and_exit_2(spark, tmp_path, capsys, source, says):
+    (tmp_path / "empty").mkdir()
     code = main(["--source", source.format(tmp=tmp_path), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert code == 2, err

@@ -139,6 +139,12 @@ def test_a_purchase_log_without_type_or_value_columns_reads_with_event_type(spar
         assert main([*args, "--out", str(tmp_path / "no"), *extra]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err, err
+    other = tmp_path / "other.csv"  # the usual names of another system
+    other.write_text(log.read_text().replace("client_id,item_id,timestamp", "user_id,sku,ts", 1))
+    assert main([*args, "--source", f"events:{other}", "--out", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing column 'client_id'" in err, err
+    assert "['sku', 'ts', 'user_id']" in err and "in a CSV's header" in err  # its own, the fix
     assert not (tmp_path / "no").exists()
 
 
