@@ -26,7 +26,7 @@ from spark_jobs.attributes import wide_to_long
 from spark_jobs.pandas_frames import object_strings
 from spark_jobs.parquet_types import check_same_types, data_files
 from spark_jobs.synthetic import SyntheticParams, synthetic_source
-from spark_jobs.validate import SchemaError, check_columns
+from spark_jobs.validate import SchemaError, check_columns, one_event_type
 
 ML_GENRES = (
     "unknown",
@@ -286,31 +286,6 @@ def event_rows(spark, kind: str, spec: str) -> DataFrame:
     if kind == "delta":
         return delta_table(spark, spec)
     return read_table(spark, spec)
-
-
-def one_event_type(events: DataFrame, event_type: str | None) -> DataFrame:
-    """The events with `event_type` (FeatureConfig.event_type) as every row's type, and an empty
-    value where the source has no value column; unchanged when it is None. A missing column is
-    named with the source's own columns (not the ones added here) and the fix."""
-    has = sorted(events.columns) or "none: an empty file, or one without a header"
-    for column in ("client_id", "item_id", "timestamp"):
-        if column not in events.columns:
-            raise SchemaError(f"events: missing column {column!r} (has: {has}): name the "
-                              "source's columns client_id, item_id, timestamp (in a CSV's header, "
-                              "or in a view read as table:NAME)")
-    if event_type is None:
-        if "event_type" not in events.columns:
-            raise SchemaError(f"events: missing column 'event_type' (has: {has}): add it, or give "
-                              "every row one type: --event-type purchase for a purchase log")
-        return events
-    if "event_type" in events.columns:
-        raise SchemaError(f"events: --event-type {event_type} was given, but the source has its "
-                          "own event_type column, whose types are used without --event-type")
-    if "value" not in events.columns:
-        if event_type == "rating":
-            raise SchemaError(f"events: --event-type rating needs a value column (has: {has})")
-        events = events.withColumn("value", F.lit(None).cast("string"))
-    return events.withColumn("event_type", F.lit(event_type))
 
 
 def client_attrs_table(spark, path: str) -> DataFrame:

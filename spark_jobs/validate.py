@@ -69,6 +69,41 @@ def check_columns(df: DataFrame, allowed: dict = ALLOWED_TYPES, what: str = "eve
             )
 
 
+def one_event_type(events: DataFrame, event_type: str | None) -> DataFrame:
+    """The events with `event_type` (FeatureConfig.event_type) as every row's type, and an empty
+    value where the source has no value column; unchanged when it is None. A missing column is
+    named with the source's own columns (not the ones added here) and the fix."""
+    check_id_columns(events.columns)
+    has = sorted(events.columns)
+    if event_type is None:
+        if "event_type" not in events.columns:
+            raise SchemaError(f"events: missing column 'event_type' (has: {has}): add it, or give "
+                              "every row one type: --event-type purchase for a purchase log")
+        return events
+    if "event_type" in events.columns:
+        raise SchemaError(f"events: --event-type {event_type} was given, but the source has its "
+                          "own event_type column, whose types are used without --event-type")
+    if "value" not in events.columns:
+        if event_type == "rating":
+            raise SchemaError(f"events: --event-type rating needs a value column (has: {has})")
+        events = events.withColumn("value", F.lit(None).cast("string"))
+    return events.withColumn("event_type", F.lit(event_type))
+
+
+def check_id_columns(columns: list[str]) -> None:
+    """SchemaError naming a missing client_id, item_id or timestamp, the source's columns and the
+    fix: other names, or a file separated by another character than the reader's."""
+    has = sorted(columns) or "none: an empty file, or one without a header"
+    for column in ("client_id", "item_id", "timestamp"):
+        if column not in columns:
+            one = columns[0] if len(columns) == 1 else ""
+            other = next((sep for sep in ";|\t" if sep in one), None)  # Excel's ';' in Europe
+            fix = (f"the file is separated by {other!r}: write it with ',' (a .csv) or tabs (a "
+                   ".tsv)" if other else "name the source's columns client_id, item_id, "
+                   "timestamp (in a CSV's header, or in a view read as table:NAME)")
+            raise SchemaError(f"events: missing column {column!r} (has: {has}): {fix}")
+
+
 def _id(col: Column) -> Column:
     text = F.trim(col.cast("string"))
     return F.when(text == "", None).otherwise(text)

@@ -145,6 +145,9 @@ def test_a_purchase_log_without_type_or_value_columns_reads_with_event_type(spar
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing column 'client_id'" in err, err
     assert "['sku', 'ts', 'user_id']" in err and "in a CSV's header" in err  # its own, the fix
+    other.write_text(log.read_text().replace(",", ";"))  # a spreadsheet's export in Europe
+    assert main([*args, "--source", f"events:{other}", "--out", str(tmp_path / "no")]) == 2
+    assert "the file is separated by ';'" in capsys.readouterr().err
     assert not (tmp_path / "no").exists()
 
 

@@ -339,3 +339,17 @@ def test_the_line_endings_of_a_csv_files_records_are_told_outside_quoted_fields(
     with pytest.raises(SchemaError, match=r"1.csv ends its lines with CRLF and LF both, and "
                                           r".*2.csv with CR alone"):
         csv_files.line_options([tmp_path / "0.csv", tmp_path / "1.csv", tmp_path / "2.csv"])
+
+
+def test_a_missing_id_column_is_named_with_the_sources_own_columns_and_the_fix():
+    from spark_jobs.validate import SchemaError, check_id_columns
+
+    check_id_columns(["timestamp", "item_id", "client_id"])  # any order, nothing said
+    for columns, says in (([], "has: none: an empty file"),
+                          (["user_id", "item_id", "timestamp"], "in a CSV's header"),
+                          (["client_id;item_id;timestamp"], "separated by ';'"),
+                          (["client_id\titem_id\ttimestamp"], "separated by '\\t'"),
+                          (["client_id|item_id|timestamp"], "separated by '|'")):
+        with pytest.raises(SchemaError, match="missing column 'client_id'") as caught:
+            check_id_columns(columns)
+        assert says in str(caught.value), caught.value
