@@ -35,7 +35,7 @@ from spark_jobs import attributes, sequences, split, validate, vocab, write
 from spark_jobs.config import (CUTOFFS_HELP, EVENT_TYPE_HELP, SPLIT_HELP, FeatureConfig, parse_time,
                                spark_setting)
 from spark_jobs.sources import load_source
-from spark_jobs.summary import dataset_warnings, summary_table
+from spark_jobs.summary import dataset_warnings, most_rejected, summary_table
 
 PROG = "hvd-ctsm features"  # the name its one-line errors start with (also as hvd-ctsm-features)
 
@@ -136,9 +136,11 @@ def _no_examples(name: str, counts: dict, config: FeatureConfig) -> ValueError:
     span = f"events from {day(counts['first_event'])} to {day(counts['last_event'])} UTC"
     if config.cutoffs:
         span += f", cutoffs {day(config.cutoffs[0])} and {day(config.cutoffs[1])}"
-    return ValueError(f"split {name!r} has no examples ({why}; {span}): too little data, bad "
-                      "cutoffs, or timestamps in a format the job does not read (unix seconds "
-                      "or ISO)")
+    fix = ("too little data, bad cutoffs, or timestamps in a format the job does not read "
+           "(unix seconds or ISO)")
+    if rejected and sum(rejected.values()) * 2 > counts["input_rows"]:  # the rows' own fault
+        fix = f"the input's rows were rejected, {most_rejected(counts)}"
+    return ValueError(f"split {name!r} has no examples ({why}; {span}): {fix}")
 
 
 def _write_splits(config, examples, stats: dict, stage: Path, counts: dict

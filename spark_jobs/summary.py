@@ -6,6 +6,22 @@ from __future__ import annotations
 # means coarse timestamps (dates without times, say), not a few bursts: ML-100K and the
 # synthetic source have almost none.
 TIED_SHARE_TO_WARN = 0.05
+# A share of input rows at or above this rejected is more than a log's stray rows: a format the
+# job reads otherwise (milliseconds, another date format), said in a warning. The built-in
+# sources reject none.
+REJECTED_SHARE_TO_WARN = 0.05
+# What a reason most often means when it takes many rows, and the fix.
+REJECTION_HINTS = {
+    "bad_timestamp": "the job reads unix seconds or ISO dates (2020-01-31, 2020-01-31 10:00:00); "
+                     "convert other formats first",
+    "future_timestamp": "after --max-timestamp (default now + 1 day): timestamps in milliseconds "
+                        "or microseconds? the job reads unix seconds (divide them first)",
+    "negative_timestamp": "before 1970: the job reads unix seconds",
+    "unknown_event_type": "the job knows purchase, rating, view and profile (a log of one kind: "
+                          "--event-type)",
+    "duplicate": "exact copies of a used row are used once (an order of two units as two equal "
+                 "rows counts once)",
+}
 
 
 def summary_table(summary: dict) -> str:
@@ -37,7 +53,25 @@ def dataset_warnings(meta: dict, row_groups_requested: int) -> list[str]:
     warnings = [f"{k}: only {n} row groups (< {row_groups_requested}): fewer rows than requested"
                 for k, n in few.items()]
     tied = tied_timestamps_warning(meta)
-    return warnings + ([tied] if tied else [])
+    rejected = rejected_rows_warning(meta["counts"])
+    return warnings + [line for line in (rejected, tied) if line]
+
+
+def most_rejected(counts: dict) -> str:
+    """'most as REASON (N)' and what that reason usually means, for a warning or an error."""
+    reason, n = max(counts["rejected"].items(), key=lambda kv: kv[1])
+    hint = REJECTION_HINTS.get(reason)
+    return f"most as {reason} ({n:,})" + (f": {hint}" if hint else "")
+
+
+def rejected_rows_warning(counts: dict) -> str | None:
+    """One line when a large share of the input was rejected; each reason's count is in the
+    summary table and metadata.json."""
+    rejected = sum(counts["rejected"].values())
+    if not counts["input_rows"] or rejected < REJECTED_SHARE_TO_WARN * counts["input_rows"]:
+        return None
+    return (f"{rejected:,} of {counts['input_rows']:,} input rows "
+            f"({rejected / counts['input_rows']:.1%}) were rejected, {most_rejected(counts)}")
 
 
 def tied_timestamps_warning(meta: dict) -> str | None:

@@ -4,6 +4,7 @@ zone, and the same input twice (same files, same rows in them). Real local Spark
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -139,15 +140,29 @@ def test_a_purchase_log_without_type_or_value_columns_reads_with_event_type(spar
         assert main([*args, "--out", str(tmp_path / "no"), *extra]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err, err
-    other = tmp_path / "other.csv"  # the usual names of another system
-    other.write_text(log.read_text().replace("client_id,item_id,timestamp", "user_id,sku,ts", 1))
-    assert main([*args, "--source", f"events:{other}", "--out", str(tmp_path / "no")]) == 2
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda text: text.replace("client_id,item_id,timestamp", "user_id,sku,ts", 1),
+     "missing column 'client_id' (has: ['sku', 'ts', 'user_id']): name the source's columns"),
+    (lambda text: text.replace(",", ";"),  # a spreadsheet's export in Europe
+     "the file is separated by ';': write it with ','"),
+    (lambda text: re.sub(r"2020-01-0\d", lambda day: str(parse_time(day[0]) * 1000), text),
+     "rejected, most as future_timestamp (12): after --max-timestamp (default now + 1 day): "
+     "timestamps in milliseconds"),
+], ids=["other-names", "semicolons", "milliseconds"])
+def test_a_log_in_another_systems_format_is_one_line_naming_the_fix(spark, tmp_path, capsys,
+                                                                     edit, says):
+    from spark_jobs.build_features import main
+
+    log = tmp_path / "log.csv"
+    purchase_log(log, "client_id,item_id,timestamp")
+    log.write_text(edit(log.read_text()))
+    assert main(["--source", f"events:{log}", "--event-type", "purchase", "--row-groups", "1",
+                 "--max-timestamp", "2030-01-01", "--out", str(tmp_path / "no")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "missing column 'client_id'" in err, err
-    assert "['sku', 'ts', 'user_id']" in err and "in a CSV's header" in err  # its own, the fix
-    other.write_text(log.read_text().replace(",", ";"))  # a spreadsheet's export in Europe
-    assert main([*args, "--source", f"events:{other}", "--out", str(tmp_path / "no")]) == 2
-    assert "the file is separated by ';'" in capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
     assert not (tmp_path / "no").exists()
 
 

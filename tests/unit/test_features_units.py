@@ -353,3 +353,19 @@ def test_a_missing_id_column_is_named_with_the_sources_own_columns_and_the_fix()
         with pytest.raises(SchemaError, match="missing column 'client_id'") as caught:
             check_id_columns(columns)
         assert says in str(caught.value), caught.value
+
+
+def test_many_rejected_rows_are_one_warning_naming_the_main_reason_and_its_fix():
+    from spark_jobs.summary import REJECTED_SHARE_TO_WARN, rejected_rows_warning
+
+    def counts(rejected: dict) -> dict:
+        return {"input_rows": 1000, "rejected": {"bad_timestamp": 0, "duplicate": 0, **rejected}}
+
+    few = int(REJECTED_SHARE_TO_WARN * 1000) - 1
+    assert rejected_rows_warning(counts({"duplicate": few})) is None  # a log's stray rows
+    assert rejected_rows_warning({"input_rows": 0, "rejected": {"duplicate": 0}}) is None
+    line = rejected_rows_warning(counts({"future_timestamp": 300, "duplicate": 20}))
+    assert line.startswith("320 of 1,000 input rows (32.0%) were rejected, most as "
+                           "future_timestamp (300): ") and "milliseconds" in line, line
+    line = rejected_rows_warning(counts({"out_of_range_value": 60}))
+    assert line.endswith("most as out_of_range_value (60)"), line  # no hint: the count says it
