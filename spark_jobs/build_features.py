@@ -129,6 +129,10 @@ def input_paths(config: FeatureConfig) -> list[str]:
     return [p for p in paths if p]
 
 
+# The fewest events of a client that give it a target in each split under leave-last-out.
+LEAVE_LAST_OUT_EVENTS = {"train": 4, "validation": 3, "test": 2, SERVING_SPLIT: 1}
+
+
 def _no_examples(name: str, counts: dict, config: FeatureConfig) -> ValueError:
     rejected = {k: v for k, v in counts["rejected"].items() if v}
     why = (f"{counts['used']} of {counts['input_rows']} input rows used, rejected by reason "
@@ -140,6 +144,16 @@ def _no_examples(name: str, counts: dict, config: FeatureConfig) -> ValueError:
            "(unix seconds or ISO)")
     if rejected and sum(rejected.values()) * 2 > counts["input_rows"]:  # the rows' own fault
         fix = f"the input's rows were rejected, {most_rejected(counts)}"
+    elif config.split == "leave-last-out" and counts["clients"]:  # histories too short
+        fix = (f"too few events a client ({counts['used'] / counts['clients']:.1f} here): a "
+               "client's last event is its test target, the one before its validation target, "
+               "and a target needs an earlier event (under --ties strict, at an earlier time), "
+               f"so {name} targets need clients of {LEAVE_LAST_OUT_EVENTS[name]} or more "
+               "events")
+        if counts["whole_day_timestamps"] and config.ties == "strict":
+            fix = ("every timestamp is a whole day, and under --ties strict a client's events of "
+                   "one day are not history for each other, so a target needs an event on an "
+                   "earlier day: --ties input-order takes the input's row order as their order")
     return ValueError(f"split {name!r} has no examples ({why}; {span}): {fix}")
 
 

@@ -166,6 +166,29 @@ def test_a_log_in_another_systems_format_is_one_line_naming_the_fix(spark, tmp_p
     assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.parametrize("when, says", [
+    ("1600000000", "too few events a client (3.0 here): a client's last event is its test target"
+                   ", the one before its validation target, and a target needs an earlier event"),
+    ("2020-01-01", "every timestamp is a whole day, and under --ties strict"),
+], ids=["three-events-a-client", "one-day"])
+def test_histories_too_short_for_leave_last_out_say_what_a_client_needs(spark, tmp_path, capsys,
+                                                                        when, says):
+    """Before, 'too little data, bad cutoffs, or timestamps in a format the job does not read'."""
+    from spark_jobs.build_features import main
+
+    log = tmp_path / "log.csv"
+    step = 1 if when.isdigit() else 0  # seconds apart, or all on one day
+    log.write_text("client_id,item_id,timestamp\n" + "".join(
+        f"c{c},i{(c + k) % 7},{int(when) + k if step else when}\n"
+        for c in range(20) for k in range(3)))
+    assert main(["--source", f"events:{log}", "--event-type", "purchase", "--row-groups", "1",
+                 "--out", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "split 'train' has no examples" in err and says in err, err
+    if step:
+        assert "so train targets need clients of 4 or more events" in err
+
+
 def test_types_spark_reads_as_one_are_not_refused(tmp_path):
     from spark_jobs.parquet_types import check_same_types
 
