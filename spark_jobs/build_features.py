@@ -312,7 +312,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--source", required=True,
         help="movielens:DIR | synthetic:k=v,... | events:PATH-OR-URL | table:NAME | delta:PATH. "
-        "events: CSV files with a header, or Parquet, with the columns client_id, item_id, "
+        "events: CSV files with a header (.csv, .tsv, also .gz or .bz2), or Parquet, with the "
+        "columns client_id, item_id, "
         "timestamp (unix seconds, or an ISO date or date-time, read as UTC), event_type "
         "(purchase, rating, view or profile) and value (a rating's value; for other events a "
         "non-negative amount, or empty); each row is used or counted as rejected with its reason",

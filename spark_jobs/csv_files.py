@@ -15,26 +15,83 @@ beside 'x', an ISO timestamp rejected), and an LF after CRLF ones joined two rec
 ending and the CR before it dropped, and so is every file of its folder (one read takes one line
 ending: `line_options`); a folder where another file ends its lines with CR alone is refused.
 A folder without such a file is read as before.
+
+Compressed files (`.csv.gz`, `.csv.bz2`, and `.tsv.gz`, `.tsv.bz2` named alone) are read as
+Spark reads them, through its Hadoop codecs; the checks above read them decompressed.
 """
 
 from __future__ import annotations
 
+import bz2
 import csv
+import gzip
 import io
+import zlib
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
 from spark_jobs.validate import SchemaError
 
-PATTERN = "*.csv"  # only these are read from a folder: a README beside them is not input
+# Only these are read from a folder (a README beside them is not input); PATTERN in Hadoop's
+# glob syntax, as Spark's pathGlobFilter and a filesystem's globStatus take it.
+CSV_NAMES = (".csv", ".csv.gz", ".csv.bz2")
+PATTERN = "*.{csv,csv.gz,csv.bz2}"
+COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open}  # the codecs Spark reads by the file's name
+
+
+def is_csv(name: str) -> bool:
+    """Whether a folder's file of this name is one of its CSV files."""
+    return name.lower().endswith(CSV_NAMES)
+
+
+def separator(name: str) -> str | None:
+    """The separator of a file named so: ',' for .csv, a tab for .tsv (each also compressed);
+    None for any other name (Parquet, for the job)."""
+    stem = name.lower()
+    for suffix in COMPRESSED:
+        stem = stem.removesuffix(suffix)
+    return {".csv": ",", ".tsv": "\t"}.get(Path(stem).suffix)
+
+
+def open_bytes(path: Path) -> BinaryIO:
+    """`path` for reading its bytes, decompressed where its name says it is compressed."""
+    return COMPRESSED.get(path.suffix.lower(), open)(path, "rb")
+
+
+def decompressed_start(name: str, start: bytes) -> bytes:
+    """The decompressed bytes of a file's first bytes `start` (a file at a URL's first
+    HEADER_BYTES): as much as they hold."""
+    suffix = Path(name).suffix.lower()
+    try:
+        if suffix == ".gz":
+            return zlib.decompressobj(wbits=zlib.MAX_WBITS | 16).decompress(start)
+        if suffix == ".bz2":
+            return bz2.BZ2Decompressor().decompress(start)
+    except (zlib.error, OSError, EOFError):
+        return b""  # not what its name says: Spark's own read says so
+    return start
 
 
 HEADER_BYTES = 1 << 16  # read of each CSV file at a URL, to take its header from
 
 
 def header(path: Path) -> list[str]:
-    with path.open("rb") as f:
+    with open_bytes(path) as f, unreadable_said(path):
         return header_of(f)
+
+
+@contextmanager
+def unreadable_said(path: Path):
+    """A compressed file that cannot be decompressed (cut short, or not what its name says):
+    SchemaError naming it, not a traceback."""
+    try:
+        yield
+    except (OSError, EOFError, zlib.error) as exc:
+        if path.suffix.lower() not in COMPRESSED:
+            raise
+        raise SchemaError(f"{path} cannot be decompressed ({exc}): check the file, or its "
+                          "name's suffix") from None
 
 
 def header_of(data: BinaryIO) -> list[str]:
@@ -49,7 +106,7 @@ CHUNK = 1 << 20
 
 
 def csv_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob(PATTERN) if p.is_file())
+    return sorted(p for p in folder.rglob("*") if p.is_file() and is_csv(p.name))
 
 
 def line_endings(path: Path) -> set[bytes]:
@@ -67,7 +124,7 @@ def line_endings(path: Path) -> set[bytes]:
 
 def _chunks(path: Path):
     """`path`'s bytes in chunks of CHUNK, a CRLF never split between two."""
-    with path.open("rb") as f:
+    with open_bytes(path) as f, unreadable_said(path):
         while chunk := f.read(CHUNK):
             yield chunk + f.read(1) if chunk.endswith(CR) else chunk
 

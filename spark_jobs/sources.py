@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from pathlib import Path
 
 import pandas as pd
@@ -149,29 +148,31 @@ def read_table(spark, path: str) -> DataFrame:
     a doubled quote inside one is a quote (Spark's defaults split such records into several
     rows and keep backslash escapes instead)."""
     files = []  # the local CSV files (at a URL they are not read here: as Spark reads them)
+    sep = csv_files.separator(Path(path).name)  # of a file named .csv or .tsv (or compressed)
     if storage.is_remote(path):
-        location, suffix, csv_inside = path, Path(path).suffix.lower(), _remote_csv_inside(spark,
-                                                                                          path)
+        location, csv_inside = path, _remote_csv_inside(spark, path)
         if csv_inside:
             csv_files.check_headers_alike(path, _remote_csv_headers(spark, path))
     else:
         p = storage.local_path(path)
         if not p.exists():
             raise SourceError(f"no such file or folder: {path}; check the path")
-        location, suffix = str(p.resolve()), p.suffix.lower()
-        csv_inside = p.is_dir() and any(p.glob(csv_files.PATTERN))
+        location = str(p.resolve())
+        csv_inside = p.is_dir() and any(csv_files.is_csv(f.name) for f in p.iterdir())
         if csv_inside:
             csv_files.check_same_headers(p)
         files = csv_files.csv_files(p) if p.is_dir() else [p]
         if p.is_dir() and not csv_inside and not data_files(p):  # Spark: "unable to infer"
             raise SourceError(f"no CSV (*.csv) or Parquet files in {path}; check the path")
-    if suffix in (".csv", ".tsv") or csv_inside:
+        if p.is_file() and not sep:  # Spark's own refusal is a page of Java
+            check_parquet_file(p)
+    if sep or csv_inside:
         only_csv = {"pathGlobFilter": csv_files.PATTERN} if csv_inside else {}
         return spark.read.csv(
             location,
             header=True,
             inferSchema=False,
-            sep="\t" if suffix == ".tsv" else ",",
+            sep=sep or ",",
             multiLine=True,
             quote='"',
             escape='"',
@@ -183,6 +184,17 @@ def read_table(spark, path: str) -> DataFrame:
     return spark.read.parquet(location)
 
 
+def check_parquet_file(path: Path) -> None:
+    """SourceError naming a file the job would read as Parquet that is not one, and the names
+    it reads as CSV."""
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - 4))
+        if f.read(4) == b"PAR1":
+            return
+    raise SourceError(f"{path} is not a Parquet file, and the job reads a file as CSV by its "
+                      "name: .csv, or .tsv for tabs (also .gz or .bz2 compressed); rename it")
+
+
 def _remote_csv_inside(spark, url: str) -> bool:
     """Whether the folder at `url` holds CSV files, asked of the Hadoop filesystem Spark itself
     reads `url` with; SourceError when Spark has none for its scheme, cannot reach it, or
@@ -192,7 +204,7 @@ def _remote_csv_inside(spark, url: str) -> bool:
         if not fs.exists(path):
             raise SourceError(f"no such file or folder: {url}; check the URL")
         return fs.isDirectory(path) and len(fs.globStatus(jvm.org.apache.hadoop.fs.Path(
-            url.rstrip("/") + "/*.csv"))) > 0
+            url.rstrip("/") + "/" + csv_files.PATTERN))) > 0
     except Py4JJavaError as exc:
         raise _hadoop_error(url, exc) from None
 
@@ -207,7 +219,7 @@ def _remote_csv_headers(spark, url: str) -> list[tuple[str, list[str]]]:
         names, found = [], fs.listFiles(root, True)
         while found.hasNext():
             path = found.next().getPath()
-            if fnmatch(path.getName(), csv_files.PATTERN):
+            if csv_files.is_csv(path.getName()):
                 names.append(path.toString())
         headers = []
         prefix = fs.makeQualified(root).toString().rstrip("/") + "/"
@@ -219,6 +231,7 @@ def _remote_csv_headers(spark, url: str) -> list[tuple[str, list[str]]]:
                     commons_io.input.BoundedInputStream(stream, csv_files.HEADER_BYTES)))
             finally:
                 stream.close()
+            start = csv_files.decompressed_start(name, start)
             headers.append((name.removeprefix(prefix), csv_files.header_of(io.BytesIO(start))))
         return headers
     except Py4JJavaError as exc:

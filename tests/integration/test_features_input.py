@@ -263,6 +263,45 @@ def test_a_csv_folder_at_a_url_has_its_headers_compared_too(spark, tmp_path, mon
         read_table(spark, url)
 
 
+def test_compressed_csv_files_are_read_and_checked_as_plain_ones(spark, tmp_path, monkeypatch):
+    """A .csv.gz export was read as Parquet: Spark's page of Java and exit 3 for one file, and
+    'not a readable Parquet file' for a folder of them."""
+    import bz2
+    import gzip
+
+    from spark_jobs import sources
+    from spark_jobs.sources import SourceError, _remote_csv_headers, read_table
+    from spark_jobs.validate import SchemaError
+
+    head = "client_id,item_id,timestamp,event_type,value\n"
+    (tmp_path / "a.csv").write_text(f"{head}c1,i1,100,purchase,\n")
+    (tmp_path / "b.csv.gz").write_bytes(gzip.compress(f"{head}c2,i2,200,purchase,\n".encode()))
+    (tmp_path / "c.csv.bz2").write_bytes(bz2.compress(f"{head}c3,i3,300,purchase,\n".encode()))
+    (tmp_path / "notes.txt").write_text("not input\n")
+    rows = read_table(spark, str(tmp_path)).collect()
+    assert sorted(r.client_id for r in rows) == ["c1", "c2", "c3"]
+    assert [r.item_id for r in read_table(spark, str(tmp_path / "b.csv.gz")).collect()] == ["i2"]
+    tsv = tmp_path / "one" / "d.tsv.gz"
+    tsv.parent.mkdir()
+    tsv.write_bytes(gzip.compress(head.replace(",", "\t").encode() + b"c4\ti4\t400\tview\t\n"))
+    assert [r.event_type for r in read_table(spark, str(tsv)).collect()] == ["view"]
+    assert _remote_csv_headers(spark, tmp_path.as_uri())[1] == ("b.csv.gz", head[:-1].split(","))
+    swapped = head.replace("client_id,item_id", "item_id,client_id")
+    (tmp_path / "b.csv.gz").write_bytes(gzip.compress(f"{swapped}i2,c2,200,purchase,\n".encode()))
+    with pytest.raises(SchemaError, match="different headers .* b.csv.gz has item_id"):
+        read_table(spark, str(tmp_path))  # a compressed file's header is compared too
+    with monkeypatch.context() as patch:  # and at a URL (file:// taken as one, as s3a:// would)
+        patch.setattr(sources.storage, "is_remote", lambda location: True)
+        with pytest.raises(SchemaError, match="different headers .* b.csv.gz has item_id"):
+            read_table(spark, tmp_path.as_uri())
+    (tmp_path / "one" / "cut.csv.gz").write_bytes(gzip.compress(head.encode() * 9)[:30])
+    with pytest.raises(SchemaError, match="cut.csv.gz cannot be decompressed"):
+        read_table(spark, str(tmp_path / "one" / "cut.csv.gz"))
+    (tmp_path / "one" / "events.txt").write_text(head)
+    with pytest.raises(SourceError, match="events.txt is not a Parquet file.* by its name: .csv"):
+        read_table(spark, str(tmp_path / "one" / "events.txt"))
+
+
 def test_a_csv_file_mixing_crlf_and_lf_lines_reads_as_one_with_either(spark, tmp_path):
     """Spark ended every record of a file with its first line's ending: after LF lines a CRLF
     line's last field kept its CR (item 'i2\r' beside 'i2', an ISO timestamp rejected), and

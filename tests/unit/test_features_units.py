@@ -369,3 +369,13 @@ def test_many_rejected_rows_are_one_warning_naming_the_main_reason_and_its_fix()
                            "future_timestamp (300): ") and "milliseconds" in line, line
     line = rejected_rows_warning(counts({"out_of_range_value": 60}))
     assert line.endswith("most as out_of_range_value (60)"), line  # no hint: the count says it
+
+
+def test_a_files_name_says_how_it_is_read():
+    from spark_jobs.csv_files import is_csv, separator
+
+    assert [separator(n) for n in ("a.csv", "A.CSV.GZ", "a.tsv.bz2", "a.tsv", "a.parquet",
+                                   "a.gz", "a.txt", "csv")] == [",", ",", "\t", "\t", None,
+                                                                None, None, None]
+    assert [is_csv(n) for n in ("a.csv", "a.csv.gz", "a.csv.bz2", "a.tsv", "a.csv.zip",
+                                "README")] == [True, True, True, False, False, False]
