@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 # A share of held-out events at or above this whose earlier events all share their timestamp
 # means coarse timestamps (dates without times, say), not a few bursts: ML-100K and the
 # synthetic source have almost none.
@@ -10,6 +12,9 @@ TIED_SHARE_TO_WARN = 0.05
 # job reads otherwise (milliseconds, another date format), said in a warning. The built-in
 # sources reject none.
 REJECTED_SHARE_TO_WARN = 0.05
+# An event before this (1980-01-01 UTC) is most likely a timestamp in another unit read as unix
+# seconds: yyyymmdd numbers land in August 1970, hours or days since 1970 in its first weeks.
+EARLIEST_PLAUSIBLE = 315_532_800
 # What a reason most often means when it takes many rows, and the fix.
 REJECTION_HINTS = {
     "bad_timestamp": "the job reads unix seconds or ISO dates (2020-01-31, 2020-01-31 10:00:00); "
@@ -54,7 +59,19 @@ def dataset_warnings(meta: dict, row_groups_requested: int) -> list[str]:
                 for k, n in few.items()]
     tied = tied_timestamps_warning(meta)
     rejected = rejected_rows_warning(meta["counts"])
-    return warnings + [line for line in (rejected, tied) if line]
+    early = early_events_warning(meta["counts"])
+    return warnings + [line for line in (rejected, early, tied) if line]
+
+
+def early_events_warning(counts: dict) -> str | None:
+    """One line when the earliest event used is before 1980: the rows were used, in 1970."""
+    first = counts["first_event"]
+    if first is None or first >= EARLIEST_PLAUSIBLE:
+        return None
+    when = dt.datetime.fromtimestamp(first, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return (f"the earliest event is at {when} UTC: timestamps read as unix seconds that are in "
+            "another unit (yyyymmdd numbers, hours or days since 1970) land in 1970; convert "
+            "them to seconds or ISO dates")
 
 
 def most_rejected(counts: dict) -> str:

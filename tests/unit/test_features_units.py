@@ -379,3 +379,13 @@ def test_a_files_name_says_how_it_is_read():
                                                                 None, None, None]
     assert [is_csv(n) for n in ("a.csv", "a.csv.gz", "a.csv.bz2", "a.tsv", "a.csv.zip",
                                 "README")] == [True, True, True, False, False, False]
+
+
+def test_events_before_1980_are_one_warning_naming_the_units_that_land_there():
+    from spark_jobs.summary import early_events_warning
+
+    assert early_events_warning({"first_event": parse_time("1997-09-20")}) is None  # MovieLens
+    assert early_events_warning({"first_event": None}) is None  # no event used
+    line = early_events_warning({"first_event": 20200103})  # 2020-01-03 as yyyymmdd
+    assert line.startswith("the earliest event is at 1970-08-22 19:08:23 UTC") and (
+        "yyyymmdd numbers" in line), line
