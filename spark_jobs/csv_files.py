@@ -69,7 +69,7 @@ def decompressed_start(name: str, start: bytes) -> bytes:
         if suffix == ".bz2":
             return bz2.BZ2Decompressor().decompress(start)
     except (zlib.error, OSError, EOFError):
-        return b""  # not what its name says: Spark's own read says so
+        return b""  # not what its name says: no header, so unlike the first file's
     return start
 
 

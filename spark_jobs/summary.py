@@ -22,8 +22,8 @@ REJECTION_HINTS = {
     "future_timestamp": "after --max-timestamp (default now + 1 day): timestamps in milliseconds "
                         "or microseconds? the job reads unix seconds (divide them first)",
     "negative_timestamp": "before 1970: the job reads unix seconds",
-    "unknown_event_type": "the job knows purchase, rating, view and profile (a log of one kind: "
-                          "--event-type)",
+    "unknown_event_type": "the job knows purchase, rating, view and profile: map other types "
+                          "to these first (an order line is a purchase, a click a view)",
     "duplicate": "exact copies of a used row are used once (an order of two units as two equal "
                  "rows counts once)",
 }

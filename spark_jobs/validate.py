@@ -79,6 +79,9 @@ def one_event_type(events: DataFrame, event_type: str | None) -> DataFrame:
         if "event_type" not in events.columns:
             raise SchemaError(f"events: missing column 'event_type' (has: {has}): add it, or give "
                               "every row one type: --event-type purchase for a purchase log")
+        if "value" not in events.columns:
+            raise SchemaError(f"events: missing column 'value' (has: {has}): add it, empty "
+                              "where an event has no rating or amount")
         return events
     if "event_type" in events.columns:
         raise SchemaError(f"events: --event-type {event_type} was given, but the source has its "

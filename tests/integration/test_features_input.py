@@ -134,9 +134,14 @@ def test_a_purchase_log_without_type_or_value_columns_reads_with_event_type(spar
         for file in typed["splits"][split]["files"]:
             assert ((tmp_path / "typed" / split / file["name"]).read_bytes()
                     == (tmp_path / "columns" / split / file["name"]).read_bytes())
+    typed_only = tmp_path / "typed_only.csv"  # event_type, but no value column
+    typed_only.write_text(full.read_text().replace(",value", "").replace("purchase,", "purchase"))
     for extra, says in ((["--event-type", "rating"], "--event-type rating needs a value column"),
                         (["--event-type", "view", "--source", f"events:{full}"],
-                         "the source has its own event_type column")):
+                         "the source has its own event_type column"),
+                        (["--source", f"events:{typed_only}"],
+                         "missing column 'value' (has: ['client_id', 'event_type', 'item_id', "
+                         "'timestamp']): add it, empty where")):
         assert main([*args, "--out", str(tmp_path / "no"), *extra]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err, err
