@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime as dt
 import shutil
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from spark_jobs import attributes, sequences, split, validate, vocab, write
 from spark_jobs.config import (CUTOFFS_HELP, EVENT_TYPE_HELP, SPLIT_HELP, FeatureConfig, parse_time,
                                spark_setting)
 from spark_jobs.sources import load_source
-from spark_jobs.summary import dataset_warnings, most_rejected, summary_table
+from spark_jobs.summary import dataset_warnings, day, no_examples_error, summary_table
 
 PROG = "hvd-ctsm features"  # the name its one-line errors start with (also as hvd-ctsm-features)
 
@@ -75,13 +74,6 @@ def _validated(spark, config, source):
     counts.update(clients=row["c"], items=row["i"], first_event=row["t0"], last_event=row["t1"],
                   whole_day_timestamps=row["seconds_in_day"] == 0)  # dates: ties are days
     return used, counted, counts
-
-
-def day(seconds: int | None) -> str:
-    """A unix time as the ISO date --cutoffs takes (UTC)."""
-    if seconds is None:
-        return "none"
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _examples(config, source, used, vocabulary, n_used: int):
@@ -129,34 +121,6 @@ def input_paths(config: FeatureConfig) -> list[str]:
     return [p for p in paths if p]
 
 
-# The fewest events of a client that give it a target in each split under leave-last-out.
-LEAVE_LAST_OUT_EVENTS = {"train": 4, "validation": 3, "test": 2, SERVING_SPLIT: 1}
-
-
-def _no_examples(name: str, counts: dict, config: FeatureConfig) -> ValueError:
-    rejected = {k: v for k, v in counts["rejected"].items() if v}
-    why = (f"{counts['used']} of {counts['input_rows']} input rows used, rejected by reason "
-           f"{rejected}" if rejected else f"{counts['used']} input rows used")
-    span = f"events from {day(counts['first_event'])} to {day(counts['last_event'])} UTC"
-    if config.cutoffs:
-        span += f", cutoffs {day(config.cutoffs[0])} and {day(config.cutoffs[1])}"
-    fix = ("too little data, bad cutoffs, or timestamps in a format the job does not read "
-           "(unix seconds or ISO)")
-    if rejected and sum(rejected.values()) * 2 > counts["input_rows"]:  # the rows' own fault
-        fix = f"the input's rows were rejected, {most_rejected(counts)}"
-    elif config.split == "leave-last-out" and counts["clients"]:  # histories too short
-        fix = (f"too few events a client ({counts['used'] / counts['clients']:.1f} here): a "
-               "client's last event is its test target, the one before its validation target, "
-               "and a target needs an earlier event (under --ties strict, at an earlier time), "
-               f"so {name} targets need clients of {LEAVE_LAST_OUT_EVENTS[name]} or more "
-               "events")
-        if counts["whole_day_timestamps"] and config.ties == "strict":
-            fix = ("every timestamp is a whole day, and under --ties strict a client's events of "
-                   "one day are not history for each other, so a target needs an event on an "
-                   "earlier day: --ties input-order takes the input's row order as their order")
-    return ValueError(f"split {name!r} has no examples ({why}; {span}): {fix}")
-
-
 def _write_splits(config, examples, stats: dict, stage: Path, counts: dict
                   ) -> tuple[dict, dict, dict]:
     """(splits' metadata, eval clients without an earlier event, those of them whose earlier
@@ -166,7 +130,7 @@ def _write_splits(config, examples, stats: dict, stage: Path, counts: dict
     for name in OUTPUT_SPLITS:
         rows = stats[name]["rows"] if name in stats else 0
         if rows == 0:
-            raise _no_examples(name, counts, config)
+            raise no_examples_error(name, counts, config)
         data = examples.filter(F.col("split") == name).select(*names)
         started = time.time()
         groups = write.write_dataset(data, stage / name, rows, config.row_groups)

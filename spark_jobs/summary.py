@@ -1,8 +1,12 @@
-"""What the feature job tells its user when it ends: the summary table and the warnings."""
+"""What the feature job tells its user: the summary table, the warnings, and why a split has no
+examples."""
 
 from __future__ import annotations
 
 import datetime as dt
+
+from hvd_ctsm.data.schema import SERVING_SPLIT
+from spark_jobs.config import FeatureConfig
 
 # A share of held-out events at or above this whose earlier events all share their timestamp
 # means coarse timestamps (dates without times, say), not a few bursts: ML-100K and the
@@ -68,10 +72,9 @@ def early_events_warning(counts: dict) -> str | None:
     first = counts["first_event"]
     if first is None or first >= EARLIEST_PLAUSIBLE:
         return None
-    when = dt.datetime.fromtimestamp(first, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return (f"the earliest event is at {when} UTC: timestamps read as unix seconds that are in "
-            "another unit (yyyymmdd numbers, hours or days since 1970) land in 1970; convert "
-            "them to seconds or ISO dates")
+    return (f"the earliest event is at {day(first)} UTC: timestamps read as unix seconds that "
+            "are in another unit (yyyymmdd numbers, hours or days since 1970) land in 1970; "
+            "convert them to seconds or ISO dates")
 
 
 def most_rejected(counts: dict) -> str:
@@ -113,3 +116,39 @@ def tied_timestamps_warning(meta: dict) -> str | None:
                                            for name, n in tied.items()))
     return (f"--ties strict: {'; '.join(said)}; if the input's row order is the true order of "
             "tied events, --ties input-order uses it (spark_jobs/README.md, Splits)")
+
+
+def day(seconds: int | None) -> str:
+    """A unix time as the ISO date --cutoffs takes (UTC)."""
+    if seconds is None:
+        return "none"
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+# The fewest events of a client that give it a target in each split under leave-last-out.
+LEAVE_LAST_OUT_EVENTS = {"train": 4, "validation": 3, "test": 2, SERVING_SPLIT: 1}
+
+
+def no_examples_error(name: str, counts: dict, config: FeatureConfig) -> ValueError:
+    """The error of a split without examples: the counts, the time span and the likely cause."""
+    rejected = {k: v for k, v in counts["rejected"].items() if v}
+    why = (f"{counts['used']} of {counts['input_rows']} input rows used, rejected by reason "
+           f"{rejected}" if rejected else f"{counts['used']} input rows used")
+    span = f"events from {day(counts['first_event'])} to {day(counts['last_event'])} UTC"
+    if config.cutoffs:
+        span += f", cutoffs {day(config.cutoffs[0])} and {day(config.cutoffs[1])}"
+    fix = ("too little data, bad cutoffs, or timestamps in a format the job does not read "
+           "(unix seconds or ISO)")
+    if rejected and sum(rejected.values()) * 2 > counts["input_rows"]:  # the rows' own fault
+        fix = f"the input's rows were rejected, {most_rejected(counts)}"
+    elif config.split == "leave-last-out" and counts["clients"]:  # histories too short
+        fix = (f"too few events a client ({counts['used'] / counts['clients']:.1f} here): a "
+               "client's last event is its test target, the one before its validation target, "
+               "and a target needs an earlier event (under --ties strict, at an earlier time), "
+               f"so {name} targets need clients of {LEAVE_LAST_OUT_EVENTS[name]} or more "
+               "events")
+        if counts["whole_day_timestamps"] and config.ties == "strict":
+            fix = ("every timestamp is a whole day, and under --ties strict a client's events of "
+                   "one day are not history for each other, so a target needs an event on an "
+                   "earlier day: --ties input-order takes the input's row order as their order")
+    return ValueError(f"split {name!r} has no examples ({why}; {span}): {fix}")
