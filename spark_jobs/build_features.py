@@ -253,6 +253,8 @@ def _build(spark, config: FeatureConfig) -> dict:
             )
             stats = _split_stats(examples)
             _check_serving_rows(stats, counts["clients"])
+            counts["repeat_targets"] = {name: _marker_rows(stats, f"{name}_repeat")
+                                        for name in ("validation", "test")}
             lap("examples", "examples: " + ", ".join(
                 f"{stats[name]['rows']:,} {name}" for name in OUTPUT_SPLITS if name in stats))
             splits, without_history, tied = _write_splits(config, examples, stats, stage, counts)

@@ -124,6 +124,8 @@ def examples_of_client(client_id, ev: dict, max_len: int) -> list[tuple[str, dic
             prior = np.unique(ev["item"][: p + 1])
             row = _row(client_id, ev, max(0, p - max_len + 1), p, np.array([j]), prior, everything)
             out.append((split, row))
+            if np.isin(ev["item"][j], prior):  # counted: the evaluation ranks it last
+                out.append((f"{split}_repeat", None))
     out.append((SERVING_SPLIT, serving_row(client_id, ev, max_len, everything)))
     return out
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 from hvd_ctsm.data.schema import SERVING_SPLIT
-from spark_jobs.config import FeatureConfig
+from spark_jobs.config import TABLE_KINDS, FeatureConfig
 
 # A share of held-out events at or above this whose earlier events all share their timestamp
 # means coarse timestamps (dates without times, say), not a few bursts: ML-100K and the
@@ -19,6 +19,9 @@ REJECTED_SHARE_TO_WARN = 0.05
 # An event before this (1980-01-01 UTC) is most likely a timestamp in another unit read as unix
 # seconds: yyyymmdd numbers land in August 1970, hours or days since 1970 in its first weeks.
 EARLIEST_PLAUSIBLE = 315_532_800
+# A share of held-out targets at or above this that repeat an item their client had before is a
+# log of repurchases (groceries, say), not a few: ML-100K has none (one rating a movie).
+REPEAT_SHARE_TO_WARN = 0.05
 # What a reason most often means when it takes many rows, and the fix.
 REJECTION_HINTS = {
     "bad_timestamp": "the job reads unix seconds or ISO dates (2020-01-31, 2020-01-31 10:00:00); "
@@ -50,6 +53,8 @@ def summary_table(summary: dict) -> str:
         *[f"{'  no history: ' + k:<32}{v:>12,}" for k, v in c["clients_without_history"].items()],
         *[f"{'    of which tied: ' + k:<32}{v:>12,}"
           for k, v in c["clients_with_tied_history_only"].items() if v],
+        *[f"{'  repeat targets: ' + k:<32}{v:>12,}"
+          for k, v in c.get("repeat_targets", {}).items() if v],
         f"{'seconds':<32}{summary['seconds']:>12.1f}",
     ]
     return "\n".join(lines)
@@ -64,7 +69,25 @@ def dataset_warnings(meta: dict, row_groups_requested: int) -> list[str]:
     tied = tied_timestamps_warning(meta)
     rejected = rejected_rows_warning(meta["counts"])
     early = early_events_warning(meta["counts"])
-    return warnings + [line for line in (rejected, early, tied) if line]
+    repeats = repeat_targets_warning(meta)
+    return warnings + [line for line in (rejected, early, tied, repeats) if line]
+
+
+def repeat_targets_warning(meta: dict) -> str | None:
+    """One line when many test targets of the user's own events are items their client had
+    before: the evaluation ranks those last (the model recommends items a client has not had),
+    a miss for every model. The built-in sources' shares are documented instead (the synthetic
+    one's clients come back to their items: a line on every demo would be no news)."""
+    if meta["source"].split(":", 1)[0] not in TABLE_KINDS:
+        return None
+    repeats = meta["counts"].get("repeat_targets", {}).get("test", 0)
+    targets = meta["splits"]["test"]["targets"]
+    if not targets or repeats < REPEAT_SHARE_TO_WARN * targets:
+        return None
+    return (f"{repeats:,} of {targets:,} test targets ({repeats / targets:.1%}) are items their "
+            "client had before: the evaluation ranks them last and scoring recommends only items "
+            "a client has not had, so they are misses for every model (HR@10 at most "
+            f"{1 - repeats / targets:.1%} here)")
 
 
 def early_events_warning(counts: dict) -> str | None:

@@ -389,3 +389,22 @@ def test_events_before_1980_are_one_warning_naming_the_units_that_land_there():
     line = early_events_warning({"first_event": 20200103})  # 2020-01-03 as yyyymmdd
     assert line.startswith("the earliest event is at 1970-08-22 19:08:23 UTC") and (
         "yyyymmdd numbers" in line), line
+
+
+def test_a_held_out_target_of_an_item_the_client_had_is_counted_and_many_are_a_warning():
+    from spark_jobs.summary import REPEAT_SHARE_TO_WARN, repeat_targets_warning
+
+    ts = [0, 10, 20, 30, 40]
+    out = client_examples("c", client_frame(ts, ["train"] * 3 + ["validation", "test"],
+                                            items=[5, 6, 7, 6, 8]), 200)
+    assert [s for s, _ in out if s.endswith("_repeat")] == ["validation_repeat"]  # 6 again
+
+    def meta(repeats: int, source: str = "events:log.csv") -> dict:
+        return {"source": source, "splits": {"test": {"targets": 1000}},
+                "counts": {"repeat_targets": {"validation": 0, "test": repeats}}}
+
+    assert repeat_targets_warning(meta(int(REPEAT_SHARE_TO_WARN * 1000) - 1)) is None
+    assert repeat_targets_warning(meta(400, "synthetic:clients=10")) is None  # documented
+    line = repeat_targets_warning(meta(400))
+    assert line.startswith("400 of 1,000 test targets (40.0%) are items their client had before")
+    assert line.endswith("(HR@10 at most 60.0% here)"), line
