@@ -121,12 +121,24 @@ def input_paths(config: FeatureConfig) -> list[str]:
     return [p for p in paths if p]
 
 
-def _write_splits(config, examples, stats: dict, stage: Path, counts: dict
-                  ) -> tuple[dict, dict, dict]:
-    """(splits' metadata, eval clients without an earlier event, those of them whose earlier
-    events all share their timestamp)."""
+def _held_out_counts(stats: dict) -> dict:
+    """From the examples' marker rows, per held-out split: the clients without an earlier event,
+    those of them whose earlier events all share their timestamp, and the targets that repeat
+    an item the client had (sequences.examples_of_client)."""
+    counts: dict[str, dict] = {"clients_without_history": {},
+                               "clients_with_tied_history_only": {}, "repeat_targets": {}}
+    for name in ("validation", "test"):
+        tied = _marker_rows(stats, f"{name}_tied")
+        counts["clients_without_history"][name] = _marker_rows(stats, f"{name}_skipped") + tied
+        counts["clients_with_tied_history_only"][name] = tied
+        counts["repeat_targets"][name] = _marker_rows(stats, f"{name}_repeat")
+    return counts
+
+
+def _write_splits(config, examples, stats: dict, stage: Path, counts: dict) -> dict:
+    """Each split's metadata, once written."""
     names = list(sequences.COLUMNS)
-    splits, without_history, tied = {}, {}, {}
+    splits = {}
     for name in OUTPUT_SPLITS:
         rows = stats[name]["rows"] if name in stats else 0
         if rows == 0:
@@ -143,17 +155,14 @@ def _write_splits(config, examples, stats: dict, stage: Path, counts: dict
             "path": name,
             "files": write.file_listing(stage / name),
         }
-        if name in ("validation", "test"):
-            tied[name] = _marker_rows(stats, f"{name}_tied")
-            without_history[name] = _marker_rows(stats, f"{name}_skipped") + tied[name]
-    return splits, without_history, tied
+    return splits
 
 
 def _marker_rows(stats: dict, marker: str) -> int:
     return stats[marker]["rows"] if marker in stats else 0
 
 
-def _metadata(config, counts, vocabulary, splits, without_history, tied, seconds) -> dict:
+def _metadata(config, counts, vocabulary, splits, seconds) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "code_version": code_version(),
@@ -167,8 +176,7 @@ def _metadata(config, counts, vocabulary, splits, without_history, tied, seconds
         "vocab": vocab.vocab_sizes(vocabulary),
         "vocab_sha256": vocab.vocab_sha256(vocabulary),  # of vocab.json's bytes
         "attrs": list(vocabulary["attrs"]),
-        "counts": {**counts, "clients_without_history": without_history,
-                   "clients_with_tied_history_only": tied},
+        "counts": counts,
         "splits": splits,
         "row_groups_requested": config.row_groups,
         "label_min_rating": config.label_min_rating,
@@ -253,15 +261,13 @@ def _build(spark, config: FeatureConfig) -> dict:
             )
             stats = _split_stats(examples)
             _check_serving_rows(stats, counts["clients"])
-            counts["repeat_targets"] = {name: _marker_rows(stats, f"{name}_repeat")
-                                        for name in ("validation", "test")}
+            counts.update(_held_out_counts(stats))
             lap("examples", "examples: " + ", ".join(
                 f"{stats[name]['rows']:,} {name}" for name in OUTPUT_SPLITS if name in stats))
-            splits, without_history, tied = _write_splits(config, examples, stats, stage, counts)
+            splits = _write_splits(config, examples, stats, stage, counts)
             write.write_atomic(stage / "vocab.json", vocab.vocab_bytes(vocabulary))
             lap("write", "every split written")
-            meta = _metadata(config, counts, vocabulary, splits, without_history, tied,
-                             time.time() - start)
+            meta = _metadata(config, counts, vocabulary, splits, time.time() - start)
             meta["stage_seconds"] = stages
             write.write_json_atomic(stage / "metadata.json", meta)
     finally:

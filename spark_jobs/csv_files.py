@@ -38,6 +38,8 @@ from spark_jobs.validate import SchemaError
 CSV_NAMES = (".csv", ".csv.gz", ".csv.bz2")
 PATTERN = "*.{csv,csv.gz,csv.bz2}"
 COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open}  # the codecs Spark reads by the file's name
+DECOMPRESSORS = {".gz": lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 16),  # gzip's header
+                 ".bz2": bz2.BZ2Decompressor}  # of the same codecs, for a file's first bytes
 
 
 def is_csv(name: str) -> bool:
@@ -62,15 +64,13 @@ def open_bytes(path: Path) -> BinaryIO:
 def decompressed_start(name: str, start: bytes) -> bytes:
     """The decompressed bytes of a file's first bytes `start` (a file at a URL's first
     HEADER_BYTES): as much as they hold."""
-    suffix = Path(name).suffix.lower()
+    decompressor = DECOMPRESSORS.get(Path(name).suffix.lower())
+    if decompressor is None:
+        return start
     try:
-        if suffix == ".gz":
-            return zlib.decompressobj(wbits=zlib.MAX_WBITS | 16).decompress(start)
-        if suffix == ".bz2":
-            return bz2.BZ2Decompressor().decompress(start)
+        return decompressor().decompress(start)
     except (zlib.error, OSError, EOFError):
         return b""  # not what its name says: no header, so unlike the first file's
-    return start
 
 
 HEADER_BYTES = 1 << 16  # read of each CSV file at a URL, to take its header from

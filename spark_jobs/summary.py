@@ -54,7 +54,7 @@ def summary_table(summary: dict) -> str:
         *[f"{'    of which tied: ' + k:<32}{v:>12,}"
           for k, v in c["clients_with_tied_history_only"].items() if v],
         *[f"{'  repeat targets: ' + k:<32}{v:>12,}"
-          for k, v in c.get("repeat_targets", {}).items() if v],
+          for k, v in c["repeat_targets"].items() if v],
         f"{'seconds':<32}{summary['seconds']:>12.1f}",
     ]
     return "\n".join(lines)
@@ -80,7 +80,7 @@ def repeat_targets_warning(meta: dict) -> str | None:
     one's clients come back to their items: a line on every demo would be no news)."""
     if meta["source"].split(":", 1)[0] not in TABLE_KINDS:
         return None
-    repeats = meta["counts"].get("repeat_targets", {}).get("test", 0)
+    repeats = meta["counts"]["repeat_targets"]["test"]
     targets = meta["splits"]["test"]["targets"]
     if not targets or repeats < REPEAT_SHARE_TO_WARN * targets:
         return None
